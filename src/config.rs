@@ -1,0 +1,200 @@
+//! Validated settings for a sync, with their defaults in one place.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::error::UsageError;
+
+pub const DEFAULT_PART_SIZE: u64 = 8 << 20;
+pub const MIN_PART_SIZE: u64 = 1 << 20;
+pub const DEFAULT_CONCURRENCY: usize = 16;
+/// Size of one pooled write buffer. Parts stream through several of these.
+pub const WRITE_BUFFER_SIZE: usize = 1 << 20;
+/// Pool buffers per in-flight GET: one being filled, one queued at a writer.
+pub const BUFFERS_PER_REQUEST: usize = 2;
+/// Spare buffers so that writers never idle while GETs refill.
+pub const SPARE_BUFFERS: usize = 4;
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+pub const FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(10);
+pub const STALL_GRACE: Duration = Duration::from_secs(5);
+/// Times an object is restarted from scratch after it changed on the server mid-download.
+pub const MAX_OBJECT_RESTARTS: u32 = 3;
+/// Attempts per part for errors the SDK does not retry (body truncation, stall, reset).
+pub const MAX_PART_ATTEMPTS: u32 = 6;
+/// SDK attempts per request (5xx, throttling, connection errors before the body).
+pub const SDK_MAX_ATTEMPTS: u32 = 5;
+pub const PROGRESS_LOG_INTERVAL: Duration = Duration::from_secs(5);
+
+/// `s3://bucket/prefix/`: the prefix, if not empty, always ends with `/`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct S3Url {
+    pub bucket: String,
+    pub prefix: String,
+}
+
+impl S3Url {
+    pub fn parse(url: &str) -> Result<Self, UsageError> {
+        let bad = |why: &str| UsageError::new(format!("invalid source URL {url:?}: {why}"));
+        let rest = url
+            .strip_prefix("s3://")
+            .ok_or_else(|| bad("expected s3://BUCKET/PREFIX/"))?;
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(bad("the bucket name is missing"));
+        }
+        validate_bucket_name(bucket).map_err(|why| bad(&why))?;
+        if prefix.contains('\0') {
+            return Err(bad("the prefix contains a NUL byte"));
+        }
+        let mut prefix = prefix.to_string();
+        if !prefix.is_empty() && !prefix.ends_with('/') {
+            prefix.push('/');
+        }
+        Ok(Self {
+            bucket: bucket.to_string(),
+            prefix,
+        })
+    }
+}
+
+impl std::fmt::Display for S3Url {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "s3://{}/{}", self.bucket, self.prefix)
+    }
+}
+
+/// S3 bucket naming rules (3–63 characters of lowercase letters, digits, `.` and `-`,
+/// starting and ending with a letter or digit). Underscores and capitals are accepted too,
+/// as some on-premise servers allow legacy names.
+fn validate_bucket_name(name: &str) -> Result<(), String> {
+    if !(3..=63).contains(&name.len()) {
+        return Err(format!("bucket name {name:?} must be 3 to 63 characters long"));
+    }
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_');
+    if !name.chars().all(ok_char) {
+        return Err(format!("bucket name {name:?} may only hold letters, digits, '.', '-' and '_'"));
+    }
+    let edge_ok = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    if !edge_ok(name.chars().next()) || !edge_ok(name.chars().last()) {
+        return Err(format!("bucket name {name:?} must start and end with a letter or digit"));
+    }
+    Ok(())
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum IoBackendChoice {
+    Auto,
+    IoUring,
+    Pwrite,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProgressMode {
+    Auto,
+    Bar,
+    Log,
+    None,
+}
+
+/// Static credentials, for the embedded demo server; the CLI uses the standard AWS chain.
+#[derive(Clone, Debug)]
+pub struct StaticCredentials {
+    pub access_key: String,
+    pub secret_key: String,
+}
+
+/// Everything a sync needs, validated.
+#[derive(Clone, Debug)]
+pub struct SyncConfig {
+    pub source: S3Url,
+    pub dest: PathBuf,
+    pub endpoint: Option<String>,
+    pub region: Option<String>,
+    pub path_style: bool,
+    pub credentials: Option<StaticCredentials>,
+    pub concurrency: usize,
+    pub part_size: u64,
+    pub include: Vec<String>,
+    pub exclude: Vec<String>,
+    pub io_backend: IoBackendChoice,
+    pub direct_io: bool,
+    pub report: Option<PathBuf>,
+    pub progress: ProgressMode,
+}
+
+impl SyncConfig {
+    pub fn validate(&self) -> Result<(), UsageError> {
+        if self.part_size < MIN_PART_SIZE || !self.part_size.is_power_of_two() {
+            return Err(UsageError::new(format!(
+                "--part-size {} must be a power of two of at least 1 MiB (1048576)",
+                self.part_size
+            )));
+        }
+        if !(1..=1024).contains(&self.concurrency) {
+            return Err(UsageError::new(format!(
+                "--concurrency {} must be between 1 and 1024",
+                self.concurrency
+            )));
+        }
+        if let Some(endpoint) = &self.endpoint {
+            let ok = endpoint.starts_with("http://") || endpoint.starts_with("https://");
+            if !ok || endpoint.len() <= "https://".len() {
+                return Err(UsageError::new(format!(
+                    "--endpoint-url {endpoint:?} must be an http:// or https:// URL"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Number of pooled write buffers; memory for data in flight is this × `WRITE_BUFFER_SIZE`.
+    pub fn buffer_count(&self) -> usize {
+        self.concurrency * BUFFERS_PER_REQUEST + SPARE_BUFFERS
+    }
+}
+
+/// Parses sizes such as `8388608`, `8MiB`, `8M`, `1GiB`.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let digits_end = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits_end);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size (examples: 8MiB, 16M, 1048576)"))?;
+    let shift = match unit.trim() {
+        "" | "B" => 0,
+        "K" | "KiB" | "k" => 10,
+        "M" | "MiB" => 20,
+        "G" | "GiB" => 30,
+        other => return Err(format!("unknown size unit {other:?} (use KiB, MiB or GiB)")),
+    };
+    number
+        .checked_mul(1 << shift)
+        .ok_or_else(|| format!("{text:?} is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_urls() {
+        let u = S3Url::parse("s3://my-bucket/data/train").unwrap();
+        assert_eq!(u.bucket, "my-bucket");
+        assert_eq!(u.prefix, "data/train/");
+        assert_eq!(S3Url::parse("s3://my-bucket").unwrap().prefix, "");
+        assert_eq!(S3Url::parse("s3://my-bucket/").unwrap().prefix, "");
+        for bad in ["my-bucket/x", "s3://", "s3:///x", "s3://ab/x", "s3://Bad Bucket/", "http://b/x"] {
+            assert!(S3Url::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn parses_sizes() {
+        assert_eq!(parse_size("8MiB").unwrap(), 8 << 20);
+        assert_eq!(parse_size("1048576").unwrap(), 1 << 20);
+        assert_eq!(parse_size("2G").unwrap(), 2 << 30);
+        assert!(parse_size("8XB").is_err());
+        assert!(parse_size("MiB").is_err());
+    }
+}

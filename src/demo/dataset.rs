@@ -1,0 +1,117 @@
+//! The demo's generated dataset: a mix of shard-sized, medium and small files (what training
+//! sets look like), edge cases included (an empty file, a 1-byte file, names with spaces and
+//! unicode), with pseudo-random content from a fixed seed.
+
+use std::path::Path;
+
+use aws_sdk_s3::primitives::ByteStream;
+use futures::{StreamExt, TryStreamExt};
+
+use super::server::EmbeddedS3;
+use crate::config::{SyncConfig, DEFAULT_PART_SIZE};
+use crate::source::client;
+
+/// Uploads in flight while seeding.
+const UPLOADS: usize = 4;
+
+/// A generated file and the hash of what was uploaded.
+pub struct ExpectedFile {
+    pub path: String,
+    pub size: u64,
+    pub blake3: blake3::Hash,
+}
+
+/// The dataset's layout for roughly `total` bytes: a quarter in two large shards, a quarter in
+/// medium files, a quarter in small files, a quarter in one file that is not a multiple of the
+/// part size.
+pub fn layout(total: u64) -> Vec<(String, u64)> {
+    let quarter = (total / 4).max(1);
+    let mut files = vec![
+        ("README.txt".to_string(), 1u64),
+        ("empty.flag".to_string(), 0),
+        ("labels/classes with spaces é.txt".to_string(), 4093),
+    ];
+    for i in 0..2 {
+        files.push((format!("shards/train-{i:05}.tar"), quarter / 2));
+    }
+    let medium = 3 << 20;
+    for i in 0..(quarter / medium).max(1) {
+        files.push((format!("val/part-{i:04}.parquet"), medium));
+    }
+    let small = 48 << 10;
+    for i in 0..(quarter / small).max(1) {
+        files.push((format!("images/{:02}/img-{i:06}.jpg", i % 16), small + (i * 7919) % 4096));
+    }
+    files.push(("shards/tail.bin".to_string(), quarter + DEFAULT_PART_SIZE / 3));
+    files
+}
+
+/// Creates the bucket and uploads the dataset under `prefix`.
+pub async fn seed(server: &EmbeddedS3, bucket: &str, prefix: &str, total: u64) -> Result<Vec<ExpectedFile>, String> {
+    let client = client::build(&SyncConfig {
+        source: crate::config::S3Url { bucket: bucket.into(), prefix: prefix.into() },
+        dest: Default::default(),
+        endpoint: Some(server.endpoint.clone()),
+        region: None,
+        path_style: true,
+        credentials: Some(server.credentials.clone()),
+        concurrency: UPLOADS,
+        part_size: DEFAULT_PART_SIZE,
+        include: vec![],
+        exclude: vec![],
+        io_backend: crate::config::IoBackendChoice::Pwrite,
+        direct_io: false,
+        report: None,
+        progress: crate::config::ProgressMode::None,
+    })
+    .await;
+    client
+        .create_bucket()
+        .bucket(bucket)
+        .send()
+        .await
+        .map_err(|e| format!("creating bucket {bucket}: {}", crate::source::errors::describe_chain(&e)))?;
+    futures::stream::iter(layout(total).into_iter().enumerate())
+        .map(|(seed, (path, size))| {
+            let client = client.clone();
+            async move {
+                let data = content(seed as u64, size);
+                let hash = blake3::hash(&data);
+                client
+                    .put_object()
+                    .bucket(bucket)
+                    .key(format!("{prefix}{path}"))
+                    .body(ByteStream::from(data))
+                    .send()
+                    .await
+                    .map_err(|e| format!("uploading {path}: {}", crate::source::errors::describe_chain(&e)))?;
+                Ok(ExpectedFile { path, size, blake3: hash })
+            }
+        })
+        .buffer_unordered(UPLOADS)
+        .try_collect()
+        .await
+}
+
+/// Deterministic pseudo-random bytes.
+pub fn content(seed: u64, size: u64) -> Vec<u8> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut data = vec![0u8; size as usize];
+    rng.fill(&mut data);
+    data
+}
+
+/// Re-reads every file under `dest` and compares it with what was uploaded.
+pub fn verify(dest: &Path, expected: &[ExpectedFile]) -> Result<(), String> {
+    for file in expected {
+        let path = dest.join(&file.path);
+        let mut hasher = blake3::Hasher::new();
+        hasher
+            .update_reader(std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        if hasher.finalize() != file.blake3 {
+            return Err(format!("{} differs from the source", path.display()));
+        }
+    }
+    Ok(())
+}

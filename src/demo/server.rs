@@ -1,0 +1,79 @@
+//! An S3 server in-process: s3s with the s3s-fs filesystem backend, served over HTTP/1.1 on a
+//! loopback port. The demo uses it as is; the tests wrap its service in a fault injector.
+
+use std::error::Error as StdError;
+use std::io;
+use std::path::Path;
+
+use hyper::body::{Body, Incoming};
+use hyper::service::Service;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use crate::config::StaticCredentials;
+
+type BoxError = Box<dyn StdError + Send + Sync>;
+
+/// A running embedded server; it stops when dropped.
+pub struct EmbeddedS3 {
+    pub endpoint: String,
+    pub credentials: StaticCredentials,
+    task: JoinHandle<()>,
+}
+
+impl EmbeddedS3 {
+    /// Serves the directory `root` (one subdirectory per bucket) on `127.0.0.1:<free port>`.
+    pub async fn start(root: &Path) -> io::Result<Self> {
+        let credentials = StaticCredentials {
+            access_key: format!("demo{:016x}", fastrand::u64(..)),
+            secret_key: format!("{:032x}", fastrand::u128(..)),
+        };
+        let service = s3_service(root, &credentials)?;
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+        let endpoint = format!("http://{}", listener.local_addr()?);
+        let task = spawn_server(listener, service);
+        Ok(Self { endpoint, credentials, task })
+    }
+}
+
+impl Drop for EmbeddedS3 {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The s3s service over `root`, accepting only `credentials`.
+pub fn s3_service(root: &Path, credentials: &StaticCredentials) -> io::Result<s3s::service::S3Service> {
+    let fs = s3s_fs::FileSystem::new(root).map_err(|e| io::Error::other(format!("{e:?}")))?;
+    let mut builder = s3s::service::S3ServiceBuilder::new(fs);
+    builder.set_auth(s3s::auth::SimpleAuth::from_single(
+        credentials.access_key.as_str(),
+        credentials.secret_key.as_str(),
+    ));
+    Ok(builder.build())
+}
+
+/// Accepts HTTP/1.1 connections on `listener` and serves each with a clone of `service`.
+pub fn spawn_server<S, B>(listener: TcpListener, service: S) -> JoinHandle<()>
+where
+    S: Service<Request<Incoming>, Response = Response<B>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    tokio::spawn(async move {
+        loop {
+            let Ok((socket, _)) = listener.accept().await else { continue };
+            let service = service.clone();
+            tokio::spawn(async move {
+                let connection = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(socket), service);
+                let _ = connection.await;
+            });
+        }
+    })
+}

@@ -1,0 +1,20 @@
+//! The sync engine: listing, planning, fetching, hashing and writing overlap.
+//!
+//! The listing streams into a bounded queue; each listed object becomes a task (at most
+//! `4 × concurrency` at once, each holding one open file); each part of an object becomes a
+//! task that waits for one of `concurrency` request slots, sends a ranged GET pinned to the
+//! listing's ETag, and streams the body into pooled buffers while BLAKE3 hashes it. Buffers go
+//! to the writer threads; when every part is written the part hashes are merged, the file is
+//! handed to the batch committer, and only after its batch is durable does it count as done.
+//!
+//! Memory for data in flight is the buffer pool, `(2 × concurrency + 4) × 1 MiB`, whatever the
+//! part size, object sizes or number of objects.
+
+mod object;
+mod part;
+pub mod progress;
+mod retry;
+mod run;
+pub mod stats;
+
+pub use run::{run, Outcome};

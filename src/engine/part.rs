@@ -1,0 +1,152 @@
+//! One part: a ranged GET streamed into pooled buffers while BLAKE3 hashes it, retried with
+//! backoff when the body breaks (the SDK retries only up to the response headers).
+
+use std::fs::File;
+use std::ops::Range;
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+
+use super::retry::backoff;
+use super::run::Ctx;
+use super::stats::Stats;
+use crate::config::MAX_PART_ATTEMPTS;
+use crate::error::PartError;
+use crate::hash::{PartDigest, PartHasher};
+use crate::source::errors::describe_chain;
+use crate::source::fetch::{get_range, PinnedObject};
+use crate::write::buffer::PooledBuf;
+use crate::write::WriteJob;
+
+/// Where a part goes.
+pub struct PartTarget {
+    pub file: Arc<File>,
+    pub range: Range<u64>,
+    /// The part is the whole object (its hash is the root hash).
+    pub whole_object: bool,
+    /// Pad the last buffer to the O_DIRECT alignment (last part of a file under --direct-io).
+    pub pad_tail: bool,
+}
+
+/// Fetches, hashes and writes one part, retrying broken bodies. Holds a request slot throughout.
+pub async fn fetch_part(
+    ctx: Arc<Ctx>,
+    object: Arc<PinnedObject>,
+    target: PartTarget,
+) -> Result<PartDigest, PartError> {
+    let _slot = ctx.request_slots.acquire().await.expect("slots never close");
+    let mut attempt = 0;
+    loop {
+        match try_part(&ctx, &object, &target).await {
+            Err(PartError::Retryable(why)) if attempt + 1 < MAX_PART_ATTEMPTS => {
+                Stats::add(&ctx.stats.part_retries, 1);
+                tracing::debug!(key = %object.key, range = ?target.range, "retrying part: {why}");
+                tokio::time::sleep(backoff(attempt)).await;
+                attempt += 1;
+            }
+            Err(PartError::Retryable(why)) => {
+                return Err(PartError::Retryable(format!(
+                    "{why} (gave up after {MAX_PART_ATTEMPTS} attempts)"
+                )))
+            }
+            result => return result,
+        }
+    }
+}
+
+async fn try_part(
+    ctx: &Ctx,
+    object: &PinnedObject,
+    target: &PartTarget,
+) -> Result<PartDigest, PartError> {
+    let mut body = get_range(&ctx.client, object, target.range.clone()).await?;
+    let expected = target.range.end - target.range.start;
+    let mut hasher = PartHasher::new(target.range.start, target.whole_object);
+    let mut writes = Vec::new();
+    let mut received = 0u64;
+    let mut offset = target.range.start;
+    // Taken from the pool only when bytes arrive, and handed on as soon as it is full: a part
+    // never holds a full buffer while waiting for an empty one (that could starve the pool).
+    let mut buf: Option<PooledBuf> = None;
+    let streamed = loop {
+        let chunk = match body.next().await {
+            None => break Ok(()),
+            Some(Ok(chunk)) => chunk,
+            Some(Err(err)) => break Err(PartError::Retryable(format!(
+                "body of {} broke after {received} of {expected} bytes: {}",
+                object.key,
+                describe_chain(&err)
+            ))),
+        };
+        received += chunk.len() as u64;
+        Stats::add(&ctx.stats.bytes_received, chunk.len() as u64);
+        if received > expected {
+            break Err(PartError::Retryable(format!(
+                "server sent more than the {expected} bytes asked for"
+            )));
+        }
+        let mut data = &chunk[..];
+        while !data.is_empty() {
+            let filling = match &mut buf {
+                Some(filling) => filling,
+                None => buf.insert(ctx.pool.acquire().await),
+            };
+            data = &data[filling.fill_from(data)..];
+            if filling.is_full() {
+                let full = buf.take().expect("just filled");
+                offset += submit(ctx, target, &mut hasher, full, offset, false, &mut writes);
+            }
+        }
+    };
+    if streamed.is_ok() && received != expected {
+        return finish_writes(writes, Err(PartError::Retryable(format!(
+            "body of {} ended after {received} of {expected} bytes",
+            object.key
+        )))).await;
+    }
+    if let (Ok(()), Some(last)) = (&streamed, buf) {
+        submit(ctx, target, &mut hasher, last, offset, target.pad_tail, &mut writes);
+    }
+    finish_writes(writes, streamed.map(|()| hasher.finish())).await
+}
+
+/// Hashes `buf` and hands it to a writer; returns the number of data bytes it carries.
+fn submit(
+    ctx: &Ctx,
+    target: &PartTarget,
+    hasher: &mut PartHasher,
+    mut buf: PooledBuf,
+    offset: u64,
+    pad: bool,
+    writes: &mut Vec<oneshot::Receiver<std::io::Result<()>>>,
+) -> u64 {
+    hasher.update(buf.as_slice());
+    let len = buf.len() as u64;
+    if pad {
+        buf.pad_for_direct_io();
+    }
+    let (done, wait) = oneshot::channel();
+    ctx.writers.writer.submit(WriteJob { file: target.file.clone(), offset, buf, done });
+    writes.push(wait);
+    len
+}
+
+/// Waits for the part's writes (also after a failure, so no stale write lands after a retry's)
+/// and turns a write error into a fatal error for the object.
+async fn finish_writes<T>(
+    writes: Vec<oneshot::Receiver<std::io::Result<()>>>,
+    result: Result<T, PartError>,
+) -> Result<T, PartError> {
+    let mut write_error = None;
+    for wait in writes {
+        match wait.await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => write_error = write_error.or(Some(format!("write failed: {err}"))),
+            Err(_) => write_error = write_error.or(Some("writer stopped".to_string())),
+        }
+    }
+    match write_error {
+        Some(why) => Err(PartError::Fatal(why)),
+        None => result,
+    }
+}

@@ -1,0 +1,213 @@
+//! A whole sync: set up, stream the listing into object tasks, gather results, report.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+use super::object::mirror_object;
+use super::progress::Progress;
+use super::stats::Stats;
+use crate::config::{SyncConfig, WRITE_BUFFER_SIZE};
+use crate::error::{Exit, SyncError, UsageError};
+use crate::plan::filter::KeyFilter;
+use crate::plan::keys::{plan_key, KeyPlan};
+use crate::report::{ByteCounts, Failure, FileRecord, FileStatus, ObjectCounts, ReportSink, Summary, REPORT_VERSION};
+use crate::source::{client, list};
+use crate::write::buffer::BufferPool;
+use crate::write::commit::Committer;
+use crate::write::dest::Dest;
+use crate::write::Writers;
+
+/// Objects in progress per request slot: enough to keep every slot busy with small objects.
+const OBJECTS_PER_SLOT: usize = 4;
+/// Failures kept in the report (all are logged).
+const MAX_REPORTED_FAILURES: usize = 10_000;
+
+/// What object and part tasks share.
+pub struct Ctx {
+    pub client: aws_sdk_s3::Client,
+    pub bucket: String,
+    pub part_size: u64,
+    pub direct_io: bool,
+    pub dest: Arc<Dest>,
+    pub pool: BufferPool,
+    pub writers: Writers,
+    pub request_slots: Semaphore,
+    pub stats: Arc<Stats>,
+    pub committer: Committer,
+}
+
+/// The result of a run that got as far as starting.
+pub struct Outcome {
+    pub summary: Summary,
+    pub exit: Exit,
+}
+
+/// Runs a sync. `Err` only for problems found before any work starts.
+pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
+    let started = Instant::now();
+    cfg.validate()?;
+    let filter = KeyFilter::new(&cfg.include, &cfg.exclude)?;
+    let dest = Dest::open(&cfg.dest)
+        .map_err(|err| UsageError::new(format!("cannot open destination {}: {err}", cfg.dest.display())))?;
+    let mut sink = ReportSink::new(cfg.report.as_deref())
+        .map_err(|err| UsageError::new(format!("cannot write the report next to {:?}: {err}", cfg.report)))?;
+    let writers = Writers::start(cfg.io_backend)?;
+    tracing::info!(backend = %writers.backend, "writing with {}", writers.backend);
+    let dest = Arc::new(dest);
+    let (committer, committer_task) = Committer::start(dest.clone());
+    let stats = Arc::new(Stats::default());
+    let ctx = Arc::new(Ctx {
+        client: client::build(&cfg).await,
+        bucket: cfg.source.bucket.clone(),
+        part_size: cfg.part_size,
+        direct_io: cfg.direct_io,
+        dest,
+        pool: BufferPool::new(cfg.buffer_count(), WRITE_BUFFER_SIZE),
+        writers,
+        request_slots: Semaphore::new(cfg.concurrency),
+        stats: stats.clone(),
+        committer,
+    });
+    let progress = Progress::start(cfg.progress, stats.clone());
+    let mut failures = Vec::new();
+    let mut fatal: Option<SyncError> = None;
+    let mut tally = Tally { stats: &stats, sink: &mut sink, failures: &mut failures, sink_error: None };
+
+    let mut listing = list::spawn(ctx.client.clone(), cfg.source.clone());
+    let object_slots = Arc::new(Semaphore::new(cfg.concurrency * OBJECTS_PER_SLOT));
+    let mut tasks = JoinSet::new();
+    while let Some(item) = listing.recv().await {
+        let entry = match item {
+            Ok(entry) => entry,
+            Err(err) => {
+                fatal = Some(err);
+                break;
+            }
+        };
+        Stats::add(&stats.objects_listed, 1);
+        match plan_key(&cfg.source.prefix, &entry.key, entry.size) {
+            KeyPlan::DirectoryMarker => Stats::add(&stats.directory_markers, 1),
+            KeyPlan::Refused(why) => {
+                Stats::add(&stats.bytes_listed, entry.size);
+                tally.failed(entry.key, format!("refused: {why}"));
+            }
+            KeyPlan::File(rel) if !filter.accepts(&rel.to_string()) => {
+                Stats::add(&stats.objects_filtered, 1)
+            }
+            KeyPlan::File(rel) => {
+                Stats::add(&stats.bytes_listed, entry.size);
+                let permit = object_slots.clone().acquire_owned().await.expect("never closed");
+                let ctx = ctx.clone();
+                tasks.spawn(async move {
+                    let key = entry.key.clone();
+                    let result = mirror_object(ctx, entry, rel).await;
+                    drop(permit);
+                    (key, result)
+                });
+                while let Some(done) = tasks.try_join_next() {
+                    tally.joined(done);
+                }
+            }
+        }
+    }
+    if fatal.is_some() {
+        tasks.abort_all();
+    }
+    while let Some(done) = tasks.join_next().await {
+        tally.joined(done);
+    }
+    let sink_error = tally.sink_error.take();
+    drop(listing);
+    progress.finish();
+    let Ctx { writers, committer, .. } = Arc::into_inner(ctx).expect("all tasks joined");
+    drop(committer);
+    let _ = committer_task.await;
+
+    if let (None, Some(err)) = (&fatal, sink_error) {
+        fatal = Some(SyncError::Local(format!("writing the report spool: {err}")));
+    }
+    let failed = Stats::get(&stats.objects_failed);
+    let exit = match &fatal {
+        Some(err) => err.exit(),
+        None if failed > 0 => Exit::Failed,
+        None => Exit::Success,
+    };
+    let elapsed = started.elapsed().as_secs_f64();
+    let downloaded_bytes = Stats::get(&stats.bytes_downloaded);
+    let summary = Summary {
+        version: REPORT_VERSION,
+        source: cfg.source.to_string(),
+        dest: cfg.dest.display().to_string(),
+        result: if exit == Exit::Success { "complete" } else { "failed" },
+        error: fatal.as_ref().map(|err| err.to_string()),
+        objects: ObjectCounts {
+            listed: Stats::get(&stats.objects_listed),
+            total: stats.objects_finished(),
+            downloaded: Stats::get(&stats.objects_downloaded),
+            skipped: Stats::get(&stats.objects_skipped),
+            failed,
+            filtered_out: Stats::get(&stats.objects_filtered),
+            directory_markers: Stats::get(&stats.directory_markers),
+        },
+        bytes: ByteCounts {
+            total: Stats::get(&stats.bytes_listed),
+            downloaded: downloaded_bytes,
+            skipped: Stats::get(&stats.bytes_skipped),
+            received: Stats::get(&stats.bytes_received),
+        },
+        part_retries: Stats::get(&stats.part_retries),
+        object_restarts: Stats::get(&stats.object_restarts),
+        io_backend: writers.backend,
+        io_backend_fallback_reason: writers.fallback_reason.clone(),
+        duration_seconds: elapsed,
+        throughput_bytes_per_second: downloaded_bytes as f64 / elapsed.max(1e-9),
+        failures,
+    };
+    if let Err(err) = sink.finish(&summary) {
+        tracing::error!("writing the report: {err}");
+        return Ok(Outcome { exit: if exit == Exit::Success { Exit::Failed } else { exit }, summary });
+    }
+    Ok(Outcome { summary, exit })
+}
+
+/// Books finished objects into the counters, the report and the failure list.
+struct Tally<'a> {
+    stats: &'a Stats,
+    sink: &'a mut ReportSink,
+    failures: &'a mut Vec<Failure>,
+    sink_error: Option<std::io::Error>,
+}
+
+impl Tally<'_> {
+    fn joined(&mut self, joined: Result<(String, Result<FileRecord, String>), tokio::task::JoinError>) {
+        match joined {
+            Ok((_, Ok(record))) => self.done(record),
+            Ok((key, Err(why))) => self.failed(key, why),
+            Err(err) if err.is_cancelled() => {}
+            Err(err) => self.failed("(unknown)".into(), format!("object task failed: {err}")),
+        }
+    }
+
+    fn done(&mut self, record: FileRecord) {
+        let (objects, bytes) = match record.status {
+            FileStatus::Downloaded => (&self.stats.objects_downloaded, &self.stats.bytes_downloaded),
+            FileStatus::Skipped => (&self.stats.objects_skipped, &self.stats.bytes_skipped),
+        };
+        Stats::add(objects, 1);
+        Stats::add(bytes, record.size);
+        if let Err(err) = self.sink.record(&record) {
+            self.sink_error.get_or_insert(err);
+        }
+    }
+
+    fn failed(&mut self, key: String, reason: String) {
+        tracing::error!(key = %key, "failed: {reason}");
+        Stats::add(&self.stats.objects_failed, 1);
+        if self.failures.len() < MAX_REPORTED_FAILURES {
+            self.failures.push(Failure { key, reason });
+        }
+    }
+}

@@ -1,0 +1,40 @@
+//! Counters shared by the engine, the progress display and the report.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+#[derive(Default, Debug)]
+pub struct Stats {
+    pub objects_listed: AtomicU64,
+    pub bytes_listed: AtomicU64,
+    pub objects_downloaded: AtomicU64,
+    pub objects_skipped: AtomicU64,
+    pub objects_failed: AtomicU64,
+    pub objects_filtered: AtomicU64,
+    pub directory_markers: AtomicU64,
+    /// Bytes received from the server (retried bytes count again).
+    pub bytes_received: AtomicU64,
+    /// Bytes of files committed by this run.
+    pub bytes_downloaded: AtomicU64,
+    pub bytes_skipped: AtomicU64,
+    /// Part attempts repeated after a broken body or an error the SDK gave up on.
+    pub part_retries: AtomicU64,
+    /// Objects started again because they changed on the server.
+    pub object_restarts: AtomicU64,
+}
+
+impl Stats {
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Relaxed);
+    }
+
+    pub fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Relaxed)
+    }
+
+    /// Objects accounted for: downloaded, skipped or failed.
+    pub fn objects_finished(&self) -> u64 {
+        Self::get(&self.objects_downloaded)
+            + Self::get(&self.objects_skipped)
+            + Self::get(&self.objects_failed)
+    }
+}

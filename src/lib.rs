@@ -1,0 +1,19 @@
+//! hydrator mirrors a dataset (an S3 bucket prefix) onto local disk as fast as the network and
+//! the disk allow, and proves every byte arrived intact.
+//!
+//! Data flow: `source::list` streams the listing page by page → `plan` maps each key to a safe
+//! path and skips what DEST already holds → `engine` fetches parts as concurrent ranged GETs
+//! pinned to the listing's ETag, hashing each body with BLAKE3 as it is copied into a pooled
+//! buffer → `write` hands buffers to writer threads (io_uring or pwrite) and publishes whole
+//! files atomically in durable batches → `report` says what happened.
+
+pub mod cli;
+pub mod config;
+pub mod demo;
+pub mod engine;
+pub mod error;
+pub mod hash;
+pub mod plan;
+pub mod report;
+pub mod source;
+pub mod write;

@@ -1,0 +1,60 @@
+use std::process::ExitCode;
+
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+use hydrator::cli::{Cli, Command, LogFormat};
+use hydrator::error::Exit;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.verbose, cli.quiet, cli.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("hydrator: cannot start the async runtime: {err}");
+            return Exit::Failed.into();
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Sync(args) => hydrator::engine::run(args.into_config()?).await,
+            Command::Demo(args) => hydrator::demo::run(args).await,
+        }
+    });
+    match result {
+        Ok(outcome) => {
+            if let Some(error) = &outcome.summary.error {
+                eprintln!("hydrator: error: {error}");
+            }
+            for failure in outcome.summary.failures.iter().take(20) {
+                eprintln!("hydrator: failed: {}: {}", failure.key, failure.reason);
+            }
+            println!("{}", outcome.summary.one_line());
+            outcome.exit.into()
+        }
+        Err(err) => {
+            eprintln!("hydrator: error: {err}");
+            err.exit().into()
+        }
+    }
+}
+
+fn init_logging(verbose: u8, quiet: u8, format: LogFormat) {
+    let level = match (verbose, quiet) {
+        (0, 0) => "info",
+        (1, _) => "debug",
+        (v, _) if v >= 2 => "trace",
+        (_, 1) => "warn",
+        _ => "error",
+    };
+    // The crate's own level; the SDK's internals stay at warn unless RUST_LOG says otherwise.
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(format!("warn,hydrator={level}")));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+

@@ -1,0 +1,149 @@
+//! Object keys are untrusted input. A key becomes a path under DEST only if every segment is a
+//! plain file name; anything that could escape DEST or be ambiguous is refused and reported.
+//!
+//! Rules (documented in README):
+//! - the listing prefix is stripped; the rest is split on `/`;
+//! - refused: NUL anywhere, a leading `/`, empty segments (`a//b`), `.` or `..` segments,
+//!   segments over 255 bytes, the reserved top-level `.hydrator` directory, and names of
+//!   hydrator's own in-flight files (`.NAME.partial`);
+//! - a key ending in `/` is a directory marker: an empty one is skipped (directories exist
+//!   through their files), one with data is refused, since no file can carry that name.
+
+use std::fmt;
+
+/// Name of hydrator's state directory inside DEST.
+pub const STATE_DIR: &str = ".hydrator";
+const PARTIAL_SUFFIX: &str = ".partial";
+const MAX_NAME_LEN: usize = 255;
+
+/// A relative path under DEST whose segments are all plain names.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RelPath {
+    segments: Vec<String>,
+}
+
+impl RelPath {
+    pub fn segments(&self) -> &[String] {
+        &self.segments
+    }
+
+    /// The directories leading to the file.
+    pub fn parents(&self) -> &[String] {
+        &self.segments[..self.segments.len() - 1]
+    }
+
+    pub fn file_name(&self) -> &str {
+        self.segments.last().expect("a RelPath has at least one segment")
+    }
+
+    /// Name of the in-flight sibling: `.NAME.partial`.
+    pub fn partial_name(&self) -> String {
+        format!(".{}{PARTIAL_SUFFIX}", self.file_name())
+    }
+}
+
+impl fmt::Display for RelPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.segments.join("/"))
+    }
+}
+
+/// What to do with a key.
+#[derive(Debug, PartialEq, Eq)]
+pub enum KeyPlan {
+    File(RelPath),
+    /// An empty `dir/` marker (or the prefix itself): nothing to write.
+    DirectoryMarker,
+    /// The key cannot be written safely; the reason says why.
+    Refused(String),
+}
+
+/// Maps `key` (listed under `prefix`) to a path under DEST. `size` tells markers from data.
+pub fn plan_key(prefix: &str, key: &str, size: u64) -> KeyPlan {
+    let Some(relative) = key.strip_prefix(prefix) else {
+        return KeyPlan::Refused(format!("key is outside the prefix {prefix:?}"));
+    };
+    if relative.contains('\0') {
+        return KeyPlan::Refused("key contains a NUL byte".into());
+    }
+    if relative.is_empty() || relative.ends_with('/') {
+        return if size == 0 {
+            KeyPlan::DirectoryMarker
+        } else {
+            KeyPlan::Refused(format!(
+                "key ends with '/' but holds {size} bytes: no file can have that name"
+            ))
+        };
+    }
+    if relative.starts_with('/') {
+        return KeyPlan::Refused("key is an absolute path".into());
+    }
+    let segments: Vec<String> = relative.split('/').map(str::to_string).collect();
+    for segment in &segments {
+        let why = match segment.as_str() {
+            "" => Some("key has an empty path segment ('//')".to_string()),
+            "." | ".." => Some(format!("key has a {segment:?} path segment")),
+            s if s.len() > MAX_NAME_LEN => Some(format!(
+                "key has a path segment of {} bytes (the limit is {MAX_NAME_LEN})",
+                s.len()
+            )),
+            s if is_partial_name(s) => Some(format!(
+                "name {s:?} is reserved for hydrator's in-flight files"
+            )),
+            _ => None,
+        };
+        if let Some(why) = why {
+            return KeyPlan::Refused(why);
+        }
+    }
+    if segments[0] == STATE_DIR {
+        return KeyPlan::Refused(format!("{STATE_DIR}/ is reserved for hydrator's state"));
+    }
+    KeyPlan::File(RelPath { segments })
+}
+
+fn is_partial_name(name: &str) -> bool {
+    name.len() > 1 + PARTIAL_SUFFIX.len() && name.starts_with('.') && name.ends_with(PARTIAL_SUFFIX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(prefix: &str, key: &str) -> String {
+        match plan_key(prefix, key, 1) {
+            KeyPlan::File(p) => p.to_string(),
+            other => panic!("{key:?}: {other:?}"),
+        }
+    }
+
+    fn refused(key: &str) -> bool {
+        matches!(plan_key("", key, 1), KeyPlan::Refused(_))
+    }
+
+    #[test]
+    fn plain_keys_map_below_prefix() {
+        assert_eq!(file("data/", "data/a/b.bin"), "a/b.bin");
+        assert_eq!(file("", "x y+z%20=é.txt"), "x y+z%20=é.txt");
+        assert_eq!(file("", "..a/b..c/.d"), "..a/b..c/.d");
+    }
+
+    #[test]
+    fn hostile_keys_are_refused() {
+        for key in [
+            "../x", "a/../../x", "/etc/passwd", "a//b", "a/./b", "a\0b", ".hydrator/READY",
+            "a/.b.partial", "a/..",
+        ] {
+            assert!(refused(key), "{key:?} should be refused");
+        }
+        assert!(refused(&"n".repeat(256)));
+        assert!(!refused(&"n".repeat(255)));
+    }
+
+    #[test]
+    fn directory_markers() {
+        assert_eq!(plan_key("p/", "p/dir/", 0), KeyPlan::DirectoryMarker);
+        assert_eq!(plan_key("p/", "p/", 0), KeyPlan::DirectoryMarker);
+        assert!(matches!(plan_key("p/", "p/dir/", 5), KeyPlan::Refused(_)));
+    }
+}

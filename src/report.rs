@@ -1,0 +1,214 @@
+//! The run's report: counters, failures and the BLAKE3 of every file, written as JSON with
+//! `--report FILE`. File records are spooled to disk as they complete, so a run over millions
+//! of objects does not hold them in memory; the report is assembled and renamed into place at
+//! the end.
+
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::write::Backend;
+
+pub const REPORT_VERSION: u32 = 1;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FileStatus {
+    Downloaded,
+    Skipped,
+}
+
+/// One file of the dataset.
+#[derive(Clone, Debug, Serialize)]
+pub struct FileRecord {
+    pub key: String,
+    /// Path relative to DEST.
+    pub path: String,
+    pub size: u64,
+    /// Hex BLAKE3 of the file; `null` only for a skipped file whose hash was not stored.
+    pub blake3: Option<String>,
+    pub status: FileStatus,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Failure {
+    pub key: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ObjectCounts {
+    /// Objects listed under the prefix (including filtered ones and directory markers).
+    pub listed: u64,
+    /// Objects the filters selected: downloaded + skipped + failed.
+    pub total: u64,
+    pub downloaded: u64,
+    pub skipped: u64,
+    pub failed: u64,
+    pub filtered_out: u64,
+    pub directory_markers: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ByteCounts {
+    /// Bytes of the selected objects.
+    pub total: u64,
+    pub downloaded: u64,
+    pub skipped: u64,
+    /// Bytes received from the server, retried bytes included.
+    pub received: u64,
+}
+
+/// Everything but the file list.
+#[derive(Clone, Debug, Serialize)]
+pub struct Summary {
+    pub version: u32,
+    pub source: String,
+    pub dest: String,
+    /// `complete` only when every selected object is mirrored and hashed.
+    pub result: &'static str,
+    pub error: Option<String>,
+    pub objects: ObjectCounts,
+    pub bytes: ByteCounts,
+    pub part_retries: u64,
+    pub object_restarts: u64,
+    pub io_backend: Backend,
+    pub io_backend_fallback_reason: Option<String>,
+    pub duration_seconds: f64,
+    pub throughput_bytes_per_second: f64,
+    pub failures: Vec<Failure>,
+}
+
+impl Summary {
+    /// The closing line of a run, for a person or a pod log.
+    pub fn one_line(&self) -> String {
+        let o = &self.objects;
+        format!(
+            "hydrator: {} {} objects ({}) from {} to {}: {} downloaded, {} up to date, {} failed in {:.1} s ({}/s, {} writes)",
+            if self.result == "complete" { "mirrored" } else { "INCOMPLETE:" },
+            o.total,
+            human_bytes(self.bytes.total),
+            self.source,
+            self.dest,
+            o.downloaded,
+            o.skipped,
+            o.failed,
+            self.duration_seconds,
+            human_bytes(self.throughput_bytes_per_second as u64),
+            self.io_backend,
+        )
+    }
+}
+
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// Collects file records for the report.
+pub struct ReportSink {
+    target: Option<(PathBuf, PathBuf, BufWriter<File>)>,
+}
+
+impl ReportSink {
+    pub fn new(report: Option<&Path>) -> io::Result<Self> {
+        let target = match report {
+            None => None,
+            Some(path) => {
+                let spool = sibling(path, ".files.tmp");
+                let writer = BufWriter::new(File::create(&spool)?);
+                Some((path.to_path_buf(), spool, writer))
+            }
+        };
+        Ok(Self { target })
+    }
+
+    pub fn record(&mut self, record: &FileRecord) -> io::Result<()> {
+        if let Some((_, _, spool)) = &mut self.target {
+            serde_json::to_writer(&mut *spool, record)?;
+            spool.write_all(b"\n")?;
+        }
+        Ok(())
+    }
+
+    /// Writes the report (summary, then every spooled record) and renames it into place.
+    pub fn finish(self, summary: &Summary) -> io::Result<()> {
+        let Some((path, spool_path, spool)) = self.target else { return Ok(()) };
+        spool.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        let tmp = sibling(&path, ".tmp");
+        let mut out = BufWriter::new(File::create(&tmp)?);
+        let head = serde_json::to_string_pretty(summary)?;
+        out.write_all(head.trim_end().trim_end_matches('}').trim_end().as_bytes())?;
+        out.write_all(b",\n  \"files\": [")?;
+        for (i, line) in BufReader::new(File::open(&spool_path)?).lines().enumerate() {
+            out.write_all(if i == 0 { b"\n    " } else { b",\n    " })?;
+            out.write_all(line?.as_bytes())?;
+        }
+        out.write_all(b"\n  ]\n}\n")?;
+        out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        std::fs::rename(&tmp, &path)?;
+        std::fs::remove_file(&spool_path)
+    }
+}
+
+fn sibling(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(suffix);
+    path.with_file_name(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn report_is_valid_json_with_every_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.json");
+        let mut sink = ReportSink::new(Some(&path)).unwrap();
+        for i in 0..3 {
+            sink.record(&FileRecord {
+                key: format!("p/{i}"),
+                path: i.to_string(),
+                size: i,
+                blake3: Some("ab".into()),
+                status: FileStatus::Downloaded,
+            })
+            .unwrap();
+        }
+        let summary = Summary {
+            version: REPORT_VERSION,
+            source: "s3://b/p/".into(),
+            dest: "/d".into(),
+            result: "complete",
+            error: None,
+            objects: ObjectCounts::default(),
+            bytes: ByteCounts::default(),
+            part_retries: 0,
+            object_restarts: 0,
+            io_backend: Backend::Pwrite,
+            io_backend_fallback_reason: None,
+            duration_seconds: 1.0,
+            throughput_bytes_per_second: 0.0,
+            failures: vec![],
+        };
+        sink.finish(&summary).unwrap();
+        let value: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(value["files"].as_array().unwrap().len(), 3);
+        assert_eq!(value["io_backend"], "pwrite");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "spool removed");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+    }
+}

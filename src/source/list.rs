@@ -1,0 +1,91 @@
+//! The listing, streamed page by page into a bounded queue, so the first GET starts with the
+//! first page and memory does not grow with the number of objects.
+
+use std::time::SystemTime;
+
+use tokio::sync::mpsc;
+
+use super::errors::{classify, Classified};
+use crate::config::S3Url;
+use crate::error::{SyncError, UsageError};
+
+/// Objects buffered between the listing and the planner (a few pages).
+pub const LISTING_QUEUE: usize = 4096;
+
+/// One object of the listing.
+#[derive(Clone, Debug)]
+pub struct ObjectEntry {
+    pub key: String,
+    pub size: u64,
+    pub etag: String,
+    pub last_modified: Option<SystemTime>,
+}
+
+/// Starts listing `url` and returns the queue it fills. The queue ends with either the last
+/// object or one error; a queue that ends with an error means the listing is incomplete.
+pub fn spawn(
+    client: aws_sdk_s3::Client,
+    url: S3Url,
+) -> mpsc::Receiver<Result<ObjectEntry, SyncError>> {
+    let (tx, rx) = mpsc::channel(LISTING_QUEUE);
+    tokio::spawn(async move {
+        if let Err(err) = list_into(&client, &url, &tx).await {
+            let _ = tx.send(Err(err)).await;
+        }
+    });
+    rx
+}
+
+async fn list_into(
+    client: &aws_sdk_s3::Client,
+    url: &S3Url,
+    tx: &mpsc::Sender<Result<ObjectEntry, SyncError>>,
+) -> Result<(), SyncError> {
+    let mut token: Option<String> = None;
+    let mut first_page = true;
+    loop {
+        let page = client
+            .list_objects_v2()
+            .bucket(&url.bucket)
+            .prefix(&url.prefix)
+            .set_continuation_token(token.take())
+            .send()
+            .await
+            .map_err(|err| {
+                let what = format!("listing {url}");
+                match classify(&err, &what) {
+                    Classified::Usage(msg) => SyncError::Usage(UsageError::new(msg)),
+                    Classified::Retryable(msg) if first_page => {
+                        SyncError::Listing(format!("{msg} (is --endpoint-url right and the server up?)"))
+                    }
+                    Classified::Retryable(msg) | Classified::Fatal(msg) => SyncError::Listing(msg),
+                    Classified::Changed => SyncError::Listing(format!("{what}: HTTP 412")),
+                }
+            })?;
+        first_page = false;
+        for object in page.contents() {
+            let entry = ObjectEntry {
+                key: object.key().unwrap_or_default().to_string(),
+                size: object.size().unwrap_or(0).max(0) as u64,
+                etag: object.e_tag().unwrap_or_default().to_string(),
+                last_modified: object
+                    .last_modified()
+                    .and_then(|t| SystemTime::try_from(*t).ok()),
+            };
+            if tx.send(Ok(entry)).await.is_err() {
+                return Ok(()); // the run stopped listening
+            }
+        }
+        match page.next_continuation_token() {
+            Some(next) if page.is_truncated() == Some(true) => {
+                if next.is_empty() {
+                    return Err(SyncError::Listing(format!(
+                        "listing {url}: the server said the listing continues but gave no continuation token"
+                    )));
+                }
+                token = Some(next.to_string());
+            }
+            _ => return Ok(()),
+        }
+    }
+}

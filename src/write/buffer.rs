@@ -1,0 +1,197 @@
+//! Pooled, 4 KiB-aligned write buffers. The pool is the bound on data in flight: a GET that
+//! finds no free buffer waits, so a slow disk slows the network instead of growing memory.
+
+use std::alloc::{self, Layout};
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Semaphore;
+
+/// Alignment that O_DIRECT needs for buffers, offsets and lengths on common filesystems.
+pub const DIRECT_IO_ALIGN: usize = 4096;
+
+/// A fixed-capacity byte buffer aligned to `DIRECT_IO_ALIGN`.
+struct AlignedBuf {
+    ptr: NonNull<u8>,
+    capacity: usize,
+    len: usize,
+}
+
+// SAFETY: AlignedBuf owns its allocation exclusively, like a Vec<u8>.
+unsafe impl Send for AlignedBuf {}
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    fn layout(capacity: usize) -> Layout {
+        Layout::from_size_align(capacity, DIRECT_IO_ALIGN).expect("valid buffer layout")
+    }
+
+    fn new(capacity: usize) -> Self {
+        assert!(capacity > 0 && capacity.is_multiple_of(DIRECT_IO_ALIGN));
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { alloc::alloc_zeroed(Self::layout(capacity)) };
+        let ptr = NonNull::new(raw).unwrap_or_else(|| alloc::handle_alloc_error(Self::layout(capacity)));
+        Self { ptr, capacity, len: 0 }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.capacity)) }
+    }
+}
+
+struct PoolInner {
+    free: Mutex<Vec<AlignedBuf>>,
+    permits: Semaphore,
+    buffer_size: usize,
+}
+
+/// A bounded pool of write buffers, allocated on first use and reused after.
+#[derive(Clone)]
+pub struct BufferPool {
+    inner: Arc<PoolInner>,
+}
+
+impl BufferPool {
+    pub fn new(buffers: usize, buffer_size: usize) -> Self {
+        Self {
+            inner: Arc::new(PoolInner {
+                free: Mutex::new(Vec::with_capacity(buffers)),
+                permits: Semaphore::new(buffers),
+                buffer_size,
+            }),
+        }
+    }
+
+    /// Waits for a free buffer.
+    pub async fn acquire(&self) -> PooledBuf {
+        self.inner
+            .permits
+            .acquire()
+            .await
+            .expect("the pool semaphore is never closed")
+            .forget();
+        let buf = self
+            .inner
+            .free
+            .lock()
+            .expect("pool lock")
+            .pop()
+            .unwrap_or_else(|| AlignedBuf::new(self.inner.buffer_size));
+        PooledBuf {
+            buf: Some(buf),
+            pool: self.inner.clone(),
+        }
+    }
+}
+
+/// A buffer on loan from the pool; it goes back when dropped (after its write).
+pub struct PooledBuf {
+    buf: Option<AlignedBuf>,
+    pool: Arc<PoolInner>,
+}
+
+impl PooledBuf {
+    fn buf(&self) -> &AlignedBuf {
+        self.buf.as_ref().expect("buffer present until drop")
+    }
+
+    pub fn len(&self) -> usize {
+        self.buf().len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn is_full(&self) -> bool {
+        self.buf().len == self.buf().capacity
+    }
+
+    /// Copies as much of `data` as fits and returns how many bytes were taken.
+    pub fn fill_from(&mut self, data: &[u8]) -> usize {
+        let buf = self.buf.as_mut().expect("buffer present until drop");
+        let n = data.len().min(buf.capacity - buf.len);
+        // SAFETY: `n` bytes fit after `len` in the allocation; `data` does not overlap it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), buf.ptr.as_ptr().add(buf.len), n);
+        }
+        buf.len += n;
+        n
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        let buf = self.buf();
+        // SAFETY: the first `len` bytes are initialised (the allocation is zeroed).
+        unsafe { std::slice::from_raw_parts(buf.ptr.as_ptr(), buf.len) }
+    }
+
+    /// Extends the length with zeros up to the next multiple of `DIRECT_IO_ALIGN`, for the last
+    /// O_DIRECT write of a file (the file is truncated to its real size afterwards).
+    pub fn pad_for_direct_io(&mut self) {
+        let buf = self.buf.as_mut().expect("buffer present until drop");
+        let padded = buf.len.next_multiple_of(DIRECT_IO_ALIGN);
+        // SAFETY: `padded` ≤ capacity since capacity is a multiple of the alignment.
+        unsafe { std::ptr::write_bytes(buf.ptr.as_ptr().add(buf.len), 0, padded - buf.len) };
+        buf.len = padded;
+    }
+}
+
+impl Drop for PooledBuf {
+    fn drop(&mut self) {
+        if let Some(mut buf) = self.buf.take() {
+            buf.len = 0;
+            self.pool.free.lock().expect("pool lock").push(buf);
+            self.pool.permits.add_permits(1);
+        }
+    }
+}
+
+// SAFETY: the pointer stays valid and fixed while the PooledBuf lives (heap allocation owned by
+// it); `len` bytes are initialised and `capacity` is the allocation size.
+unsafe impl tokio_uring::buf::IoBuf for PooledBuf {
+    fn stable_ptr(&self) -> *const u8 {
+        self.buf().ptr.as_ptr()
+    }
+
+    fn bytes_init(&self) -> usize {
+        self.buf().len
+    }
+
+    fn bytes_total(&self) -> usize {
+        self.buf().capacity
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn pool_bounds_and_recycles() {
+        let pool = BufferPool::new(2, 8192);
+        let mut a = pool.acquire().await;
+        let b = pool.acquire().await;
+        assert_eq!(a.fill_from(&[7u8; 10_000]), 8192);
+        assert!(a.is_full());
+        assert_eq!(a.as_slice().as_ptr() as usize % DIRECT_IO_ALIGN, 0);
+        let third = tokio::time::timeout(std::time::Duration::from_millis(50), pool.acquire());
+        assert!(third.await.is_err(), "a third buffer must wait");
+        drop(a);
+        let c = pool.acquire().await;
+        assert!(c.is_empty(), "a recycled buffer comes back empty");
+        drop((b, c));
+    }
+
+    #[tokio::test]
+    async fn padding_reaches_alignment_with_zeros() {
+        let pool = BufferPool::new(1, 8192);
+        let mut a = pool.acquire().await;
+        a.fill_from(&[1u8; 5000]);
+        a.pad_for_direct_io();
+        assert_eq!(a.len(), 8192);
+        assert!(a.as_slice()[5000..].iter().all(|&b| b == 0));
+    }
+}

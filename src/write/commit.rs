@@ -1,0 +1,99 @@
+//! Batched, durable publication of finished files.
+//!
+//! A finished `.NAME.partial` is handed to the committer, which gathers files for a short while
+//! and then, on a blocking thread: `syncfs` (data and inodes of the whole batch durable in one
+//! call), `rename` each to its final name, `syncfs` again (the renames durable). Only then is
+//! each file reported done. One batch costs two filesystem syncs however many files it holds,
+//! so small files do not pay one journal commit each, while a file still appears under its
+//! final name only once it is whole, hashed and on disk.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::dest::{self, Dest};
+
+/// Most files in one batch.
+const BATCH_FILES: usize = 256;
+/// Longest a finished file waits for its batch to close.
+const BATCH_WINDOW: Duration = Duration::from_millis(100);
+
+struct Job {
+    dir: OwnedFd,
+    partial: String,
+    name: String,
+    done: oneshot::Sender<io::Result<()>>,
+}
+
+/// Handle to the committer task.
+#[derive(Clone)]
+pub struct Committer {
+    tx: mpsc::Sender<Job>,
+}
+
+impl Committer {
+    pub fn start(dest: Arc<Dest>) -> (Self, tokio::task::JoinHandle<()>) {
+        let (tx, rx) = mpsc::channel(BATCH_FILES);
+        let task = tokio::spawn(run(dest, rx));
+        (Self { tx }, task)
+    }
+
+    /// Publishes `partial` as `name` in `dir`; returns once it is durable under its final name.
+    pub async fn publish(&self, dir: OwnedFd, partial: String, name: String) -> io::Result<()> {
+        let (done, wait) = oneshot::channel();
+        let job = Job { dir, partial, name, done };
+        self.tx
+            .send(job)
+            .await
+            .map_err(|_| io::Error::other("the committer has stopped"))?;
+        wait.await
+            .map_err(|_| io::Error::other("the committer stopped before the file was published"))?
+    }
+}
+
+async fn run(dest: Arc<Dest>, mut rx: mpsc::Receiver<Job>) {
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        let deadline = tokio::time::Instant::now() + BATCH_WINDOW;
+        while batch.len() < BATCH_FILES {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(job)) => batch.push(job),
+                Ok(None) | Err(_) => break,
+            }
+        }
+        let dest = dest.clone();
+        let committed = tokio::task::spawn_blocking(move || commit_batch(&dest, batch)).await;
+        if let Err(err) = committed {
+            tracing::error!("commit batch panicked: {err}");
+        }
+    }
+}
+
+fn commit_batch(dest: &Dest, batch: Vec<Job>) {
+    if let Err(err) = dest.sync_filesystem() {
+        let msg = format!("syncing {}: {err}", dest.path().display());
+        for job in batch {
+            let _ = job.done.send(Err(io::Error::new(err.kind(), msg.clone())));
+        }
+        return;
+    }
+    let mut renamed = Vec::with_capacity(batch.len());
+    for job in batch {
+        match dest::publish(&job.dir, &job.partial, &job.name) {
+            Ok(()) => renamed.push(job.done),
+            Err(err) => {
+                let _ = job.done.send(Err(err));
+            }
+        }
+    }
+    let synced = dest.sync_filesystem();
+    for done in renamed {
+        let _ = done.send(match &synced {
+            Ok(()) => Ok(()),
+            Err(err) => Err(io::Error::new(err.kind(), err.to_string())),
+        });
+    }
+}
