@@ -9,7 +9,11 @@ use crate::config::{self, IoBackendChoice, ProgressMode, S3Url, SyncConfig};
 use crate::error::UsageError;
 
 #[derive(Debug, Parser)]
-#[command(name = "hydrator", version, about = "Mirror S3 datasets onto local NVMe: parallel, verified, resumable.")]
+#[command(
+    name = "hydrator",
+    version,
+    about = "Mirror S3 datasets onto local NVMe: parallel, verified, resumable."
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -20,7 +24,13 @@ pub struct Cli {
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     pub quiet: u8,
     /// Log format.
-    #[arg(long, value_enum, default_value = "text", env = "HYDRATOR_LOG_FORMAT", global = true)]
+    #[arg(
+        long,
+        value_enum,
+        default_value = "text",
+        env = "HYDRATOR_LOG_FORMAT",
+        global = true
+    )]
     pub log_format: LogFormat,
 }
 

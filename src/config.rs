@@ -68,15 +68,21 @@ impl std::fmt::Display for S3Url {
 /// as some on-premise servers allow legacy names.
 fn validate_bucket_name(name: &str) -> Result<(), String> {
     if !(3..=63).contains(&name.len()) {
-        return Err(format!("bucket name {name:?} must be 3 to 63 characters long"));
+        return Err(format!(
+            "bucket name {name:?} must be 3 to 63 characters long"
+        ));
     }
     let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_');
     if !name.chars().all(ok_char) {
-        return Err(format!("bucket name {name:?} may only hold letters, digits, '.', '-' and '_'"));
+        return Err(format!(
+            "bucket name {name:?} may only hold letters, digits, '.', '-' and '_'"
+        ));
     }
     let edge_ok = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
     if !edge_ok(name.chars().next()) || !edge_ok(name.chars().last()) {
-        return Err(format!("bucket name {name:?} must start and end with a letter or digit"));
+        return Err(format!(
+            "bucket name {name:?} must start and end with a letter or digit"
+        ));
     }
     Ok(())
 }
@@ -156,7 +162,9 @@ impl SyncConfig {
 /// Parses sizes such as `8388608`, `8MiB`, `8M`, `1GiB`.
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let text = text.trim();
-    let digits_end = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let digits_end = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
     let (number, unit) = text.split_at(digits_end);
     let number: u64 = number
         .parse()
@@ -184,7 +192,14 @@ mod tests {
         assert_eq!(u.prefix, "data/train/");
         assert_eq!(S3Url::parse("s3://my-bucket").unwrap().prefix, "");
         assert_eq!(S3Url::parse("s3://my-bucket/").unwrap().prefix, "");
-        for bad in ["my-bucket/x", "s3://", "s3:///x", "s3://ab/x", "s3://Bad Bucket/", "http://b/x"] {
+        for bad in [
+            "my-bucket/x",
+            "s3://",
+            "s3:///x",
+            "s3://ab/x",
+            "s3://Bad Bucket/",
+            "http://b/x",
+        ] {
             assert!(S3Url::parse(bad).is_err(), "{bad}");
         }
     }

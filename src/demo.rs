@@ -45,7 +45,10 @@ pub async fn run(args: DemoArgs) -> Result<Outcome, SyncError> {
         dest.display()
     );
     let cfg = SyncConfig {
-        source: S3Url { bucket: BUCKET.into(), prefix: PREFIX.into() },
+        source: S3Url {
+            bucket: BUCKET.into(),
+            prefix: PREFIX.into(),
+        },
         dest: dest.clone(),
         endpoint: Some(server.endpoint.clone()),
         region: None,

@@ -73,7 +73,11 @@ pub fn merge_parts(parts: &[PartDigest], file_len: u64, part_size: u64) -> blake
 }
 
 /// Splits a multi-part subtree of `len` bytes into its two children's chaining values.
-fn split_subtree(cvs: &[ChainingValue], len: u64, part_size: u64) -> (ChainingValue, ChainingValue) {
+fn split_subtree(
+    cvs: &[ChainingValue],
+    len: u64,
+    part_size: u64,
+) -> (ChainingValue, ChainingValue) {
     let left_len = left_subtree_len(len);
     let left_parts = (left_len / part_size) as usize;
     let left = subtree_cv(&cvs[..left_parts], left_len, part_size);
@@ -115,7 +119,18 @@ mod tests {
     fn boundaries_match_blake3() {
         let data: Vec<u8> = (0..70_000u32).map(|i| (i * 31 % 251) as u8).collect();
         for part_size in [1024u64, 2048, 4096, 16384] {
-            for len in [0, 1, 1023, 1024, 1025, 2047, 2048, 2049, 4096 * 3 + 1, 70_000] {
+            for len in [
+                0,
+                1,
+                1023,
+                1024,
+                1025,
+                2047,
+                2048,
+                2049,
+                4096 * 3 + 1,
+                70_000,
+            ] {
                 let slice = &data[..len];
                 assert_eq!(
                     hash_in_parts(slice, part_size),

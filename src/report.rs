@@ -145,7 +145,9 @@ impl ReportSink {
 
     /// Writes the report (summary, then every spooled record) and renames it into place.
     pub fn finish(self, summary: &Summary) -> io::Result<()> {
-        let Some((path, spool_path, spool)) = self.target else { return Ok(()) };
+        let Some((path, spool_path, spool)) = self.target else {
+            return Ok(());
+        };
         spool.into_inner().map_err(|e| e.into_error())?.sync_all()?;
         let tmp = sibling(&path, ".tmp");
         let mut out = BufWriter::new(File::create(&tmp)?);
@@ -205,10 +207,15 @@ mod tests {
             failures: vec![],
         };
         sink.finish(&summary).unwrap();
-        let value: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let value: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         assert_eq!(value["files"].as_array().unwrap().len(), 3);
         assert_eq!(value["io_backend"], "pwrite");
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "spool removed");
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "spool removed"
+        );
         assert_eq!(human_bytes(1536), "1.5 KiB");
     }
 }

@@ -109,18 +109,32 @@ mod tests {
     use std::os::unix::fs::FileExt;
 
     async fn write_pattern(writers: &Writers, path: &std::path::Path) -> Vec<u8> {
-        let file = Arc::new(File::create(path).unwrap());
+        let file = Arc::new(
+            File::options()
+                .create_new(true)
+                .read(true)
+                .write(true)
+                .open(path)
+                .unwrap(),
+        );
         let pool = BufferPool::new(4, 8192);
         let mut expected = vec![0u8; 8192 * 5 + 100];
         let mut waits = Vec::new();
         // Out of order, as parts finish in any order.
         for (i, chunk) in expected.chunks_mut(8192).enumerate().rev() {
-            chunk.iter_mut().for_each(|b| *b = (i as u8).wrapping_mul(37).wrapping_add(1));
+            chunk
+                .iter_mut()
+                .for_each(|b| *b = (i as u8).wrapping_mul(37).wrapping_add(1));
             let mut buf = pool.acquire().await;
             buf.fill_from(chunk);
             let (done, wait) = oneshot::channel();
             let offset = (i * 8192) as u64;
-            writers.writer.submit(WriteJob { file: file.clone(), offset, buf, done });
+            writers.writer.submit(WriteJob {
+                file: file.clone(),
+                offset,
+                buf,
+                done,
+            });
             waits.push(wait);
         }
         for wait in waits {

@@ -40,16 +40,30 @@ pub fn layout(total: u64) -> Vec<(String, u64)> {
     }
     let small = 48 << 10;
     for i in 0..(quarter / small).max(1) {
-        files.push((format!("images/{:02}/img-{i:06}.jpg", i % 16), small + (i * 7919) % 4096));
+        files.push((
+            format!("images/{:02}/img-{i:06}.jpg", i % 16),
+            small + (i * 7919) % 4096,
+        ));
     }
-    files.push(("shards/tail.bin".to_string(), quarter + DEFAULT_PART_SIZE / 3));
+    files.push((
+        "shards/tail.bin".to_string(),
+        quarter + DEFAULT_PART_SIZE / 3,
+    ));
     files
 }
 
 /// Creates the bucket and uploads the dataset under `prefix`.
-pub async fn seed(server: &EmbeddedS3, bucket: &str, prefix: &str, total: u64) -> Result<Vec<ExpectedFile>, String> {
+pub async fn seed(
+    server: &EmbeddedS3,
+    bucket: &str,
+    prefix: &str,
+    total: u64,
+) -> Result<Vec<ExpectedFile>, String> {
     let client = client::build(&SyncConfig {
-        source: crate::config::S3Url { bucket: bucket.into(), prefix: prefix.into() },
+        source: crate::config::S3Url {
+            bucket: bucket.into(),
+            prefix: prefix.into(),
+        },
         dest: Default::default(),
         endpoint: Some(server.endpoint.clone()),
         region: None,
@@ -70,7 +84,12 @@ pub async fn seed(server: &EmbeddedS3, bucket: &str, prefix: &str, total: u64) -
         .bucket(bucket)
         .send()
         .await
-        .map_err(|e| format!("creating bucket {bucket}: {}", crate::source::errors::describe_chain(&e)))?;
+        .map_err(|e| {
+            format!(
+                "creating bucket {bucket}: {}",
+                crate::source::errors::describe_chain(&e)
+            )
+        })?;
     futures::stream::iter(layout(total).into_iter().enumerate())
         .map(|(seed, (path, size))| {
             let client = client.clone();
@@ -84,8 +103,17 @@ pub async fn seed(server: &EmbeddedS3, bucket: &str, prefix: &str, total: u64) -
                     .body(ByteStream::from(data))
                     .send()
                     .await
-                    .map_err(|e| format!("uploading {path}: {}", crate::source::errors::describe_chain(&e)))?;
-                Ok(ExpectedFile { path, size, blake3: hash })
+                    .map_err(|e| {
+                        format!(
+                            "uploading {path}: {}",
+                            crate::source::errors::describe_chain(&e)
+                        )
+                    })?;
+                Ok(ExpectedFile {
+                    path,
+                    size,
+                    blake3: hash,
+                })
             }
         })
         .buffer_unordered(UPLOADS)
@@ -107,7 +135,9 @@ pub fn verify(dest: &Path, expected: &[ExpectedFile]) -> Result<(), String> {
         let path = dest.join(&file.path);
         let mut hasher = blake3::Hasher::new();
         hasher
-            .update_reader(std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?)
+            .update_reader(
+                std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?,
+            )
             .map_err(|e| format!("{}: {e}", path.display()))?;
         if hasher.finalize() != file.blake3 {
             return Err(format!("{} differs from the source", path.display()));

@@ -34,7 +34,11 @@ impl EmbeddedS3 {
         let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
         let endpoint = format!("http://{}", listener.local_addr()?);
         let task = spawn_server(listener, service);
-        Ok(Self { endpoint, credentials, task })
+        Ok(Self {
+            endpoint,
+            credentials,
+            task,
+        })
     }
 }
 
@@ -45,7 +49,10 @@ impl Drop for EmbeddedS3 {
 }
 
 /// The s3s service over `root`, accepting only `credentials`.
-pub fn s3_service(root: &Path, credentials: &StaticCredentials) -> io::Result<s3s::service::S3Service> {
+pub fn s3_service(
+    root: &Path,
+    credentials: &StaticCredentials,
+) -> io::Result<s3s::service::S3Service> {
     let fs = s3s_fs::FileSystem::new(root).map_err(|e| io::Error::other(format!("{e:?}")))?;
     let mut builder = s3s::service::S3ServiceBuilder::new(fs);
     builder.set_auth(s3s::auth::SimpleAuth::from_single(
@@ -67,7 +74,9 @@ where
 {
     tokio::spawn(async move {
         loop {
-            let Ok((socket, _)) = listener.accept().await else { continue };
+            let Ok((socket, _)) = listener.accept().await else {
+                continue;
+            };
             let service = service.clone();
             tokio::spawn(async move {
                 let connection = hyper::server::conn::http1::Builder::new()

@@ -22,7 +22,11 @@ use crate::source::list::ObjectEntry;
 use crate::write::dest::{self, Dest};
 
 /// Mirrors one listed object; the error names the reason for a person.
-pub async fn mirror_object(ctx: Arc<Ctx>, entry: ObjectEntry, rel: RelPath) -> Result<FileRecord, String> {
+pub async fn mirror_object(
+    ctx: Arc<Ctx>,
+    entry: ObjectEntry,
+    rel: RelPath,
+) -> Result<FileRecord, String> {
     let record = |size, hash: Option<String>, status| FileRecord {
         key: entry.key.clone(),
         path: rel.to_string(),
@@ -30,7 +34,9 @@ pub async fn mirror_object(ctx: Arc<Ctx>, entry: ObjectEntry, rel: RelPath) -> R
         blake3: hash,
         status,
     };
-    if let Some(hash) = up_to_date(&ctx.dest, &rel, &entry).map_err(|err| format!("checking {rel}: {err}"))? {
+    if let Some(hash) =
+        up_to_date(&ctx.dest, &rel, &entry).map_err(|err| format!("checking {rel}: {err}"))?
+    {
         return Ok(record(entry.size, hash, FileStatus::Skipped));
     }
     let mut object = Arc::new(PinnedObject {
@@ -43,7 +49,13 @@ pub async fn mirror_object(ctx: Arc<Ctx>, entry: ObjectEntry, rel: RelPath) -> R
     let mut restarts = 0;
     loop {
         match download(&ctx, object.clone(), &rel, modified).await {
-            Ok(hash) => return Ok(record(object.size, Some(hash.to_hex().to_string()), FileStatus::Downloaded)),
+            Ok(hash) => {
+                return Ok(record(
+                    object.size,
+                    Some(hash.to_hex().to_string()),
+                    FileStatus::Downloaded,
+                ))
+            }
             Err(PartError::Changed) if restarts < MAX_OBJECT_RESTARTS => {
                 restarts += 1;
                 Stats::add(&ctx.stats.object_restarts, 1);
@@ -66,9 +78,17 @@ pub async fn mirror_object(ctx: Arc<Ctx>, entry: ObjectEntry, rel: RelPath) -> R
 }
 
 /// `Some(hash if known)` when the final file already matches the listing (size and mtime).
-fn up_to_date(dest: &Dest, rel: &RelPath, entry: &ObjectEntry) -> std::io::Result<Option<Option<String>>> {
-    let Some(modified) = entry.last_modified else { return Ok(None) };
-    let Some((stat, dir)) = dest.stat_final(rel)? else { return Ok(None) };
+fn up_to_date(
+    dest: &Dest,
+    rel: &RelPath,
+    entry: &ObjectEntry,
+) -> std::io::Result<Option<Option<String>>> {
+    let Some(modified) = entry.last_modified else {
+        return Ok(None);
+    };
+    let Some((stat, dir)) = dest.stat_final(rel)? else {
+        return Ok(None);
+    };
     if stat.size != entry.size || stat.modified != modified {
         return Ok(None);
     }
@@ -84,8 +104,11 @@ async fn download(
     let (dir, file) = {
         let (dest, rel, size, direct) = (ctx.dest.clone(), rel.clone(), object.size, ctx.direct_io);
         blocking(move || {
-            let (dir, file) = dest.create_partial(&rel, direct).map_err(|e| (format!("creating {rel}"), e))?;
-            dest::preallocate(&file, size).map_err(|e| (format!("reserving {size} bytes for {rel}"), e))?;
+            let (dir, file) = dest
+                .create_partial(&rel, direct)
+                .map_err(|e| (format!("creating {rel}"), e))?;
+            dest::preallocate(&file, size)
+                .map_err(|e| (format!("reserving {size} bytes for {rel}"), e))?;
             Ok((dir, file))
         })
         .await?
@@ -95,7 +118,8 @@ async fn download(
         Ok(hash) => {
             let (size, direct) = (object.size, ctx.direct_io);
             blocking(move || {
-                finish_file(&file, size, direct, modified, &hash).map_err(|e| (format!("finishing {size}-byte file"), e))
+                finish_file(&file, size, direct, modified, &hash)
+                    .map_err(|e| (format!("finishing {size}-byte file"), e))
             })
             .await?;
             ctx.committer
@@ -106,13 +130,24 @@ async fn download(
         }
         Err(err) => {
             let partial = rel.partial_name();
-            let _ = blocking(move || dest::unlink_at(&dir, &dest::cstring(&partial).map_err(|e| (String::new(), e))?).map_err(|e| (String::new(), e))).await;
+            let _ = blocking(move || {
+                dest::unlink_at(
+                    &dir,
+                    &dest::cstring(&partial).map_err(|e| (String::new(), e))?,
+                )
+                .map_err(|e| (String::new(), e))
+            })
+            .await;
             Err(err)
         }
     }
 }
 
-async fn fetch_all_parts(ctx: &Arc<Ctx>, object: &Arc<PinnedObject>, file: &Arc<File>) -> Result<blake3::Hash, PartError> {
+async fn fetch_all_parts(
+    ctx: &Arc<Ctx>,
+    object: &Arc<PinnedObject>,
+    file: &Arc<File>,
+) -> Result<blake3::Hash, PartError> {
     if object.size == 0 {
         return Ok(blake3::hash(b""));
     }
@@ -131,7 +166,8 @@ async fn fetch_all_parts(ctx: &Arc<Ctx>, object: &Arc<PinnedObject>, file: &Arc<
     }
     let mut digests: Vec<Option<PartDigest>> = vec![None; ranges.len()];
     while let Some(joined) = parts.join_next().await {
-        let (index, result) = joined.map_err(|err| PartError::Fatal(format!("part task failed: {err}")))?;
+        let (index, result) =
+            joined.map_err(|err| PartError::Fatal(format!("part task failed: {err}")))?;
         match result {
             Ok(digest) => digests[index] = Some(digest),
             Err(err) => {
@@ -140,11 +176,20 @@ async fn fetch_all_parts(ctx: &Arc<Ctx>, object: &Arc<PinnedObject>, file: &Arc<
             }
         }
     }
-    let digests: Vec<PartDigest> = digests.into_iter().map(|d| d.expect("every part joined")).collect();
+    let digests: Vec<PartDigest> = digests
+        .into_iter()
+        .map(|d| d.expect("every part joined"))
+        .collect();
     Ok(merge_parts(&digests, object.size, ctx.part_size))
 }
 
-fn finish_file(file: &File, size: u64, direct_io: bool, modified: Option<SystemTime>, hash: &blake3::Hash) -> std::io::Result<()> {
+fn finish_file(
+    file: &File,
+    size: u64,
+    direct_io: bool,
+    modified: Option<SystemTime>,
+    hash: &blake3::Hash,
+) -> std::io::Result<()> {
     if direct_io {
         file.set_len(size)?; // drop the O_DIRECT padding of the last block
     }
@@ -161,5 +206,11 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(work)
         .await
         .map_err(|err| PartError::Fatal(format!("filesystem task failed: {err}")))?
-        .map_err(|(what, err)| PartError::Fatal(if what.is_empty() { err.to_string() } else { format!("{what}: {err}") }))
+        .map_err(|(what, err)| {
+            PartError::Fatal(if what.is_empty() {
+                err.to_string()
+            } else {
+                format!("{what}: {err}")
+            })
+        })
 }

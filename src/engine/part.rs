@@ -34,7 +34,11 @@ pub async fn fetch_part(
     object: Arc<PinnedObject>,
     target: PartTarget,
 ) -> Result<PartDigest, PartError> {
-    let _slot = ctx.request_slots.acquire().await.expect("slots never close");
+    let _slot = ctx
+        .request_slots
+        .acquire()
+        .await
+        .expect("slots never close");
     let mut attempt = 0;
     loop {
         match try_part(&ctx, &object, &target).await {
@@ -72,11 +76,13 @@ async fn try_part(
         let chunk = match body.next().await {
             None => break Ok(()),
             Some(Ok(chunk)) => chunk,
-            Some(Err(err)) => break Err(PartError::Retryable(format!(
-                "body of {} broke after {received} of {expected} bytes: {}",
-                object.key,
-                describe_chain(&err)
-            ))),
+            Some(Err(err)) => {
+                break Err(PartError::Retryable(format!(
+                    "body of {} broke after {received} of {expected} bytes: {}",
+                    object.key,
+                    describe_chain(&err)
+                )))
+            }
         };
         received += chunk.len() as u64;
         Stats::add(&ctx.stats.bytes_received, chunk.len() as u64);
@@ -99,13 +105,25 @@ async fn try_part(
         }
     };
     if streamed.is_ok() && received != expected {
-        return finish_writes(writes, Err(PartError::Retryable(format!(
-            "body of {} ended after {received} of {expected} bytes",
-            object.key
-        )))).await;
+        return finish_writes(
+            writes,
+            Err(PartError::Retryable(format!(
+                "body of {} ended after {received} of {expected} bytes",
+                object.key
+            ))),
+        )
+        .await;
     }
     if let (Ok(()), Some(last)) = (&streamed, buf) {
-        submit(ctx, target, &mut hasher, last, offset, target.pad_tail, &mut writes);
+        submit(
+            ctx,
+            target,
+            &mut hasher,
+            last,
+            offset,
+            target.pad_tail,
+            &mut writes,
+        );
     }
     finish_writes(writes, streamed.map(|()| hasher.finish())).await
 }
@@ -126,7 +144,12 @@ fn submit(
         buf.pad_for_direct_io();
     }
     let (done, wait) = oneshot::channel();
-    ctx.writers.writer.submit(WriteJob { file: target.file.clone(), offset, buf, done });
+    ctx.writers.writer.submit(WriteJob {
+        file: target.file.clone(),
+        offset,
+        buf,
+        done,
+    });
     writes.push(wait);
     len
 }

@@ -36,10 +36,19 @@ impl Progress {
                     .progress_chars("=> "),
                 );
                 let ticker = tokio::spawn(tick_bar(bar.clone(), stats));
-                Self { ticker: Some(ticker), bar: Some(bar) }
+                Self {
+                    ticker: Some(ticker),
+                    bar: Some(bar),
+                }
             }
-            ProgressMode::Log => Self { ticker: Some(tokio::spawn(tick_log(stats))), bar: None },
-            ProgressMode::None | ProgressMode::Auto => Self { ticker: None, bar: None },
+            ProgressMode::Log => Self {
+                ticker: Some(tokio::spawn(tick_log(stats))),
+                bar: None,
+            },
+            ProgressMode::None | ProgressMode::Auto => Self {
+                ticker: None,
+                bar: None,
+            },
         }
     }
 

@@ -13,7 +13,9 @@ use crate::config::{SyncConfig, WRITE_BUFFER_SIZE};
 use crate::error::{Exit, SyncError, UsageError};
 use crate::plan::filter::KeyFilter;
 use crate::plan::keys::{plan_key, KeyPlan};
-use crate::report::{ByteCounts, Failure, FileRecord, FileStatus, ObjectCounts, ReportSink, Summary, REPORT_VERSION};
+use crate::report::{
+    ByteCounts, Failure, FileRecord, FileStatus, ObjectCounts, ReportSink, Summary, REPORT_VERSION,
+};
 use crate::source::{client, list};
 use crate::write::buffer::BufferPool;
 use crate::write::commit::Committer;
@@ -50,10 +52,18 @@ pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
     let started = Instant::now();
     cfg.validate()?;
     let filter = KeyFilter::new(&cfg.include, &cfg.exclude)?;
-    let dest = Dest::open(&cfg.dest)
-        .map_err(|err| UsageError::new(format!("cannot open destination {}: {err}", cfg.dest.display())))?;
-    let mut sink = ReportSink::new(cfg.report.as_deref())
-        .map_err(|err| UsageError::new(format!("cannot write the report next to {:?}: {err}", cfg.report)))?;
+    let dest = Dest::open(&cfg.dest).map_err(|err| {
+        UsageError::new(format!(
+            "cannot open destination {}: {err}",
+            cfg.dest.display()
+        ))
+    })?;
+    let mut sink = ReportSink::new(cfg.report.as_deref()).map_err(|err| {
+        UsageError::new(format!(
+            "cannot write the report next to {:?}: {err}",
+            cfg.report
+        ))
+    })?;
     let writers = Writers::start(cfg.io_backend)?;
     tracing::info!(backend = %writers.backend, "writing with {}", writers.backend);
     let dest = Arc::new(dest);
@@ -74,7 +84,12 @@ pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
     let progress = Progress::start(cfg.progress, stats.clone());
     let mut failures = Vec::new();
     let mut fatal: Option<SyncError> = None;
-    let mut tally = Tally { stats: &stats, sink: &mut sink, failures: &mut failures, sink_error: None };
+    let mut tally = Tally {
+        stats: &stats,
+        sink: &mut sink,
+        failures: &mut failures,
+        sink_error: None,
+    };
 
     let mut listing = list::spawn(ctx.client.clone(), cfg.source.clone());
     let object_slots = Arc::new(Semaphore::new(cfg.concurrency * OBJECTS_PER_SLOT));
@@ -99,7 +114,11 @@ pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
             }
             KeyPlan::File(rel) => {
                 Stats::add(&stats.bytes_listed, entry.size);
-                let permit = object_slots.clone().acquire_owned().await.expect("never closed");
+                let permit = object_slots
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .expect("never closed");
                 let ctx = ctx.clone();
                 tasks.spawn(async move {
                     let key = entry.key.clone();
@@ -122,7 +141,9 @@ pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
     let sink_error = tally.sink_error.take();
     drop(listing);
     progress.finish();
-    let Ctx { writers, committer, .. } = Arc::into_inner(ctx).expect("all tasks joined");
+    let Ctx {
+        writers, committer, ..
+    } = Arc::into_inner(ctx).expect("all tasks joined");
     drop(committer);
     let _ = committer_task.await;
 
@@ -141,7 +162,11 @@ pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
         version: REPORT_VERSION,
         source: cfg.source.to_string(),
         dest: cfg.dest.display().to_string(),
-        result: if exit == Exit::Success { "complete" } else { "failed" },
+        result: if exit == Exit::Success {
+            "complete"
+        } else {
+            "failed"
+        },
         error: fatal.as_ref().map(|err| err.to_string()),
         objects: ObjectCounts {
             listed: Stats::get(&stats.objects_listed),
@@ -168,7 +193,14 @@ pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
     };
     if let Err(err) = sink.finish(&summary) {
         tracing::error!("writing the report: {err}");
-        return Ok(Outcome { exit: if exit == Exit::Success { Exit::Failed } else { exit }, summary });
+        return Ok(Outcome {
+            exit: if exit == Exit::Success {
+                Exit::Failed
+            } else {
+                exit
+            },
+            summary,
+        });
     }
     Ok(Outcome { summary, exit })
 }
@@ -182,7 +214,10 @@ struct Tally<'a> {
 }
 
 impl Tally<'_> {
-    fn joined(&mut self, joined: Result<(String, Result<FileRecord, String>), tokio::task::JoinError>) {
+    fn joined(
+        &mut self,
+        joined: Result<(String, Result<FileRecord, String>), tokio::task::JoinError>,
+    ) {
         match joined {
             Ok((_, Ok(record))) => self.done(record),
             Ok((key, Err(why))) => self.failed(key, why),
@@ -193,7 +228,9 @@ impl Tally<'_> {
 
     fn done(&mut self, record: FileRecord) {
         let (objects, bytes) = match record.status {
-            FileStatus::Downloaded => (&self.stats.objects_downloaded, &self.stats.bytes_downloaded),
+            FileStatus::Downloaded => {
+                (&self.stats.objects_downloaded, &self.stats.bytes_downloaded)
+            }
             FileStatus::Skipped => (&self.stats.objects_skipped, &self.stats.bytes_skipped),
         };
         Stats::add(objects, 1);

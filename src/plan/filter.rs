@@ -24,7 +24,9 @@ impl KeyFilter {
     }
 
     pub fn accepts(&self, relative: &str) -> bool {
-        self.include.as_ref().is_none_or(|set| set.is_match(relative))
+        self.include
+            .as_ref()
+            .is_none_or(|set| set.is_match(relative))
             && !self.exclude.is_match(relative)
     }
 }

@@ -33,7 +33,9 @@ impl RelPath {
     }
 
     pub fn file_name(&self) -> &str {
-        self.segments.last().expect("a RelPath has at least one segment")
+        self.segments
+            .last()
+            .expect("a RelPath has at least one segment")
     }
 
     /// Name of the in-flight sibling: `.NAME.partial`.
@@ -131,8 +133,15 @@ mod tests {
     #[test]
     fn hostile_keys_are_refused() {
         for key in [
-            "../x", "a/../../x", "/etc/passwd", "a//b", "a/./b", "a\0b", ".hydrator/READY",
-            "a/.b.partial", "a/..",
+            "../x",
+            "a/../../x",
+            "/etc/passwd",
+            "a//b",
+            "a/./b",
+            "a\0b",
+            ".hydrator/READY",
+            "a/.b.partial",
+            "a/..",
         ] {
             assert!(refused(key), "{key:?} should be refused");
         }

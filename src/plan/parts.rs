@@ -22,7 +22,10 @@ mod tests {
         assert_eq!(part_ranges(1, p).collect::<Vec<_>>(), vec![0..1]);
         assert_eq!(part_ranges(p - 1, p).collect::<Vec<_>>(), vec![0..p - 1]);
         assert_eq!(part_ranges(p, p).collect::<Vec<_>>(), vec![0..p]);
-        assert_eq!(part_ranges(p + 1, p).collect::<Vec<_>>(), vec![0..p, p..p + 1]);
+        assert_eq!(
+            part_ranges(p + 1, p).collect::<Vec<_>>(),
+            vec![0..p, p..p + 1]
+        );
         assert_eq!(part_ranges(3 * p, p).count(), 3);
     }
 }

@@ -4,7 +4,9 @@
 use aws_config::BehaviorVersion;
 use aws_sdk_s3::config::retry::{RetryConfig, RetryPartition, TokenBucket};
 use aws_sdk_s3::config::timeout::TimeoutConfig;
-use aws_sdk_s3::config::{Credentials, Region, ResponseChecksumValidation, StalledStreamProtectionConfig};
+use aws_sdk_s3::config::{
+    Credentials, Region, ResponseChecksumValidation, StalledStreamProtectionConfig,
+};
 
 use crate::config::{self, SyncConfig};
 
@@ -18,10 +20,11 @@ const DEFAULT_ENDPOINT_REGION: &str = "us-east-1";
 
 pub async fn build(cfg: &SyncConfig) -> aws_sdk_s3::Client {
     let mut loader = aws_config::defaults(BehaviorVersion::latest());
-    let region = cfg
-        .region
-        .clone()
-        .or_else(|| cfg.endpoint.as_ref().map(|_| DEFAULT_ENDPOINT_REGION.to_string()));
+    let region = cfg.region.clone().or_else(|| {
+        cfg.endpoint
+            .as_ref()
+            .map(|_| DEFAULT_ENDPOINT_REGION.to_string())
+    });
     if let Some(region) = region {
         loader = loader.region(Region::new(region));
     }

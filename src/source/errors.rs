@@ -40,9 +40,10 @@ where
         SdkError::ResponseError(_) => {
             Classified::Retryable(format!("{what}: broken response: {}", describe_chain(err)))
         }
-        SdkError::ConstructionFailure(_) => {
-            Classified::Usage(format!("{what}: cannot build the request: {}", describe_chain(err)))
-        }
+        SdkError::ConstructionFailure(_) => Classified::Usage(format!(
+            "{what}: cannot build the request: {}",
+            describe_chain(err)
+        )),
         _ => Classified::Retryable(format!("{what}: {}", describe_chain(err))),
     }
 }
@@ -65,7 +66,9 @@ fn classify_status(status: u16, code: &str, message: &str, what: &str) -> Classi
         (_, "PermanentRedirect" | "AuthorizationHeaderMalformed") | (301, _) => Classified::Usage(
             format!("{what}: wrong region or endpoint for this bucket ({detail})"),
         ),
-        (404, _) | (_, "NoSuchKey") => Classified::Fatal(format!("{what}: object not found ({detail})")),
+        (404, _) | (_, "NoSuchKey") => {
+            Classified::Fatal(format!("{what}: object not found ({detail})"))
+        }
         (429 | 500..=599, _) | (_, "SlowDown" | "RequestTimeout") => {
             Classified::Retryable(format!("{what}: {detail}"))
         }

@@ -45,7 +45,12 @@ pub async fn get_range(
     if !object.etag.is_empty() && response.e_tag().is_some_and(|e| e != object.etag) {
         return Err(PartError::Changed);
     }
-    check_range(response.content_range(), response.content_length(), &range, object.size)?;
+    check_range(
+        response.content_range(),
+        response.content_length(),
+        &range,
+        object.size,
+    )?;
     Ok(response.body)
 }
 
@@ -100,9 +105,8 @@ fn check_range(
             "the server ignored the Range header (no Content-Range in the response)".into(),
         ));
     };
-    let (start, end, total) = parse_content_range(content_range).ok_or_else(|| {
-        PartError::Fatal(format!("malformed Content-Range {content_range:?}"))
-    })?;
+    let (start, end, total) = parse_content_range(content_range)
+        .ok_or_else(|| PartError::Fatal(format!("malformed Content-Range {content_range:?}")))?;
     if total != object_size {
         return Err(PartError::Changed);
     }

@@ -55,9 +55,9 @@ async fn list_into(
                 let what = format!("listing {url}");
                 match classify(&err, &what) {
                     Classified::Usage(msg) => SyncError::Usage(UsageError::new(msg)),
-                    Classified::Retryable(msg) if first_page => {
-                        SyncError::Listing(format!("{msg} (is --endpoint-url right and the server up?)"))
-                    }
+                    Classified::Retryable(msg) if first_page => SyncError::Listing(format!(
+                        "{msg} (is --endpoint-url right and the server up?)"
+                    )),
                     Classified::Retryable(msg) | Classified::Fatal(msg) => SyncError::Listing(msg),
                     Classified::Changed => SyncError::Listing(format!("{what}: HTTP 412")),
                 }

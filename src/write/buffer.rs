@@ -30,8 +30,13 @@ impl AlignedBuf {
         assert!(capacity > 0 && capacity.is_multiple_of(DIRECT_IO_ALIGN));
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { alloc::alloc_zeroed(Self::layout(capacity)) };
-        let ptr = NonNull::new(raw).unwrap_or_else(|| alloc::handle_alloc_error(Self::layout(capacity)));
-        Self { ptr, capacity, len: 0 }
+        let ptr =
+            NonNull::new(raw).unwrap_or_else(|| alloc::handle_alloc_error(Self::layout(capacity)));
+        Self {
+            ptr,
+            capacity,
+            len: 0,
+        }
     }
 }
 

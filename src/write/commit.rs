@@ -44,7 +44,12 @@ impl Committer {
     /// Publishes `partial` as `name` in `dir`; returns once it is durable under its final name.
     pub async fn publish(&self, dir: OwnedFd, partial: String, name: String) -> io::Result<()> {
         let (done, wait) = oneshot::channel();
-        let job = Job { dir, partial, name, done };
+        let job = Job {
+            dir,
+            partial,
+            name,
+            done,
+        };
         self.tx
             .send(job)
             .await

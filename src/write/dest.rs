@@ -36,7 +36,10 @@ impl Dest {
         std::fs::create_dir_all(path)?;
         let root = File::open(path)?;
         if !root.metadata()?.is_dir() {
-            return Err(io::Error::new(io::ErrorKind::NotADirectory, "not a directory"));
+            return Err(io::Error::new(
+                io::ErrorKind::NotADirectory,
+                "not a directory",
+            ));
         }
         Ok(Self {
             root: root.into(),
@@ -77,7 +80,12 @@ impl Dest {
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: valid dirfd, NUL-terminated name, writable stat.
         let rc = unsafe {
-            libc::fstatat(dir.as_raw_fd(), name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW)
+            libc::fstatat(
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                &mut st,
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
         };
         if rc != 0 {
             let err = io::Error::last_os_error();
@@ -91,7 +99,13 @@ impl Dest {
         }
         let modified = SystemTime::UNIX_EPOCH
             + std::time::Duration::new(st.st_mtime as u64, st.st_mtime_nsec as u32);
-        Ok(Some((FinalStat { size: st.st_size as u64, modified }, dir)))
+        Ok(Some((
+            FinalStat {
+                size: st.st_size as u64,
+                modified,
+            },
+            dir,
+        )))
     }
 
     /// Creates `.NAME.partial` next to `rel`'s final name, replacing whatever was there
@@ -102,12 +116,20 @@ impl Dest {
             .expect("open_parent with create returns a directory");
         let name = cstring(&rel.partial_name())?;
         unlink_at(&dir, &name)?;
-        let mut flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+        let mut flags =
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
         if direct_io {
             flags |= libc::O_DIRECT;
         }
         // SAFETY: valid dirfd and NUL-terminated name.
-        let fd = unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), flags, FILE_MODE as libc::c_uint) };
+        let fd = unsafe {
+            libc::openat(
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                flags,
+                FILE_MODE as libc::c_uint,
+            )
+        };
         if fd < 0 {
             let err = io::Error::last_os_error();
             if direct_io && err.raw_os_error() == Some(libc::EINVAL) {
@@ -149,7 +171,13 @@ pub fn set_hash_xattr(file: &File, hash: &blake3::Hash) -> io::Result<()> {
     let value = hash.to_hex();
     // SAFETY: valid fd, NUL-terminated name, value pointer and length from a live buffer.
     let rc = unsafe {
-        libc::fsetxattr(file.as_raw_fd(), name.as_ptr(), value.as_ptr().cast(), value.len(), 0)
+        libc::fsetxattr(
+            file.as_raw_fd(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
     };
     match check(rc) {
         Err(err) if matches!(err.raw_os_error(), Some(libc::ENOTSUP) | Some(libc::EPERM)) => Ok(()),
@@ -159,11 +187,23 @@ pub fn set_hash_xattr(file: &File, hash: &blake3::Hash) -> io::Result<()> {
 
 /// Reads the hash stored by `set_hash_xattr` from `name` in `dir`, if any.
 pub fn hash_xattr_at(dir: &OwnedFd, name: &str) -> Option<String> {
-    let file = open_at(dir, &cstring(name).ok()?, libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC).ok()?;
+    let file = open_at(
+        dir,
+        &cstring(name).ok()?,
+        libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+    )
+    .ok()?;
     let attr = cstring(HASH_XATTR).ok()?;
     let mut value = [0u8; 64];
     // SAFETY: valid fd, NUL-terminated name, writable buffer of the given length.
-    let n = unsafe { libc::fgetxattr(file.as_raw_fd(), attr.as_ptr(), value.as_mut_ptr().cast(), value.len()) };
+    let n = unsafe {
+        libc::fgetxattr(
+            file.as_raw_fd(),
+            attr.as_ptr(),
+            value.as_mut_ptr().cast(),
+            value.len(),
+        )
+    };
     (n == 64).then(|| String::from_utf8_lossy(&value).into_owned())
 }
 
@@ -171,7 +211,8 @@ pub fn hash_xattr_at(dir: &OwnedFd, name: &str) -> Option<String> {
 pub fn publish(dir: &OwnedFd, partial: &str, name: &str) -> io::Result<()> {
     let (from, to) = (cstring(partial)?, cstring(name)?);
     // SAFETY: valid dirfd and NUL-terminated names.
-    let rc = unsafe { libc::renameat(dir.as_raw_fd(), from.as_ptr(), dir.as_raw_fd(), to.as_ptr()) };
+    let rc =
+        unsafe { libc::renameat(dir.as_raw_fd(), from.as_ptr(), dir.as_raw_fd(), to.as_ptr()) };
     check(rc).map_err(|err| match err.raw_os_error() {
         Some(libc::EISDIR | libc::ENOTEMPTY | libc::EEXIST) => io::Error::new(
             err.kind(),
@@ -198,15 +239,21 @@ fn in_the_way(err: io::Error, segment: &str) -> io::Error {
     match err.raw_os_error() {
         Some(libc::ENOTDIR | libc::ELOOP) => io::Error::new(
             err.kind(),
-            format!("{segment:?} is a file or a symlink where a directory is needed (not followed)"),
+            format!(
+                "{segment:?} is a file or a symlink where a directory is needed (not followed)"
+            ),
         ),
         _ => err,
     }
 }
 
 fn open_dir_at(dir: &OwnedFd, name: &CString) -> io::Result<OwnedFd> {
-    open_at(dir, name, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .map(OwnedFd::from)
+    open_at(
+        dir,
+        name,
+        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+    )
+    .map(OwnedFd::from)
 }
 
 fn open_at(dir: &OwnedFd, name: &CString, flags: libc::c_int) -> io::Result<File> {
@@ -269,11 +316,15 @@ mod tests {
         let path = rel("a/b/c.bin");
         // A symlink planted at the partial name is replaced, not followed.
         std::fs::create_dir_all(root.path().join("a/b")).unwrap();
-        std::os::unix::fs::symlink("/etc/hostname", root.path().join("a/b/.c.bin.partial")).unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", root.path().join("a/b/.c.bin.partial"))
+            .unwrap();
         let (dir, file) = dest.create_partial(&path, false).unwrap();
         std::os::unix::fs::FileExt::write_all_at(&file, b"hello", 0).unwrap();
         publish(&dir, &path.partial_name(), path.file_name()).unwrap();
-        assert_eq!(std::fs::read(root.path().join("a/b/c.bin")).unwrap(), b"hello");
+        assert_eq!(
+            std::fs::read(root.path().join("a/b/c.bin")).unwrap(),
+            b"hello"
+        );
         let (stat, _) = dest.stat_final(&path).unwrap().unwrap();
         assert_eq!(stat.size, 5);
         assert!(dest.stat_final(&rel("a/none")).unwrap().is_none());

@@ -39,9 +39,9 @@ impl PwriteWriter {
 impl Writer for PwriteWriter {
     fn submit(&self, job: WriteJob) {
         if let Err(mpsc::error::SendError(job)) = self.tx.send(job) {
-            let _ = job
-                .done
-                .send(Err(std::io::Error::other("the writer threads have stopped")));
+            let _ = job.done.send(Err(std::io::Error::other(
+                "the writer threads have stopped",
+            )));
         }
     }
 }

@@ -48,7 +48,12 @@ impl UringWriter {
 }
 
 async fn write(job: WriteJob) {
-    let WriteJob { file, offset, buf, done } = job;
+    let WriteJob {
+        file,
+        offset,
+        buf,
+        done,
+    } = job;
     let result = async {
         // The ring needs a file it owns; a duplicate descriptor costs two cheap syscalls per
         // buffer, far below the cost of the write itself.
@@ -65,7 +70,9 @@ async fn write(job: WriteJob) {
 impl Writer for UringWriter {
     fn submit(&self, job: WriteJob) {
         if let Err(mpsc::error::SendError(job)) = self.tx.send(job) {
-            let _ = job.done.send(Err(io::Error::other("the io_uring thread has stopped")));
+            let _ = job
+                .done
+                .send(Err(io::Error::other("the io_uring thread has stopped")));
         }
     }
 }

@@ -1,0 +1,539 @@
+//! End-to-end: the real `hydrator` binary against real S3 servers, on real files.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use support::faults::{Fault, Rule};
+use support::{assert_mirror, content, report_hashes, temp_dest, Server};
+
+const MIB: usize = 1 << 20;
+
+fn files(entries: &[(&str, Vec<u8>)]) -> BTreeMap<String, Vec<u8>> {
+    entries
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect()
+}
+
+/// Sizes around the part boundaries, several parts, and the empty and 1-byte objects.
+fn boundary_files() -> BTreeMap<String, Vec<u8>> {
+    files(&[
+        ("empty", vec![]),
+        ("one-byte", vec![42]),
+        ("part-minus-one.bin", content(1, MIB - 1)),
+        ("part-exact.bin", content(2, MIB)),
+        ("part-plus-one.bin", content(3, MIB + 1)),
+        ("nested/deeper/several-parts.bin", content(4, 5 * MIB + 123)),
+    ])
+}
+
+fn check_boundaries(server: &Server, prefix: &str) {
+    let expected = boundary_files();
+    server.seed(prefix, &expected);
+    let (_tmp, dest) = temp_dest();
+    let run = server.sync(prefix, &dest, &["--part-size", "1MiB"]);
+    run.assert_code(0);
+    assert_mirror(&dest, &expected);
+    let hashes = report_hashes(run.report());
+    for (path, data) in &expected {
+        assert_eq!(
+            hashes[path],
+            blake3::hash(data).to_hex().as_str(),
+            "report hash of {path}"
+        );
+    }
+    assert_eq!(run.count("objects", "downloaded"), expected.len() as u64);
+    assert_eq!(run.report()["result"], "complete");
+
+    // Up to date: a second run downloads nothing and still reports every hash.
+    let again = server.sync(prefix, &dest, &["--part-size", "1MiB"]);
+    again.assert_code(0);
+    assert_eq!(again.count("objects", "downloaded"), 0);
+    assert_eq!(again.count("objects", "skipped"), expected.len() as u64);
+    assert_eq!(again.count("bytes", "received"), 0);
+    assert_eq!(report_hashes(again.report()), hashes);
+
+    // A local file changed behind our back (size differs) is fetched again.
+    std::fs::write(dest.join("part-exact.bin"), b"tampered").unwrap();
+    let repaired = server.sync(prefix, &dest, &["--part-size", "1MiB"]);
+    repaired.assert_code(0);
+    assert_eq!(repaired.count("objects", "downloaded"), 1);
+    assert_mirror(&dest, &expected);
+}
+
+#[test]
+fn boundary_sizes_local() {
+    check_boundaries(&Server::local(), "sizes/");
+}
+
+#[test]
+fn boundary_sizes_garage() {
+    let Some(server) = Server::garage() else {
+        return;
+    };
+    check_boundaries(&server, "boundary-sizes/");
+}
+
+fn special_key_files() -> BTreeMap<String, Vec<u8>> {
+    files(&[
+        ("with space.txt", content(10, 100)),
+        ("unicodé/数据/файл.bin", content(11, 200)),
+        ("plus+sign=equals.csv", content(12, 300)),
+        ("percent%20literal%.txt", content(13, 400)),
+        ("a/b/c/d/e/deep.txt", content(14, 500)),
+        ("..dots../.hidden", content(15, 600)),
+    ])
+}
+
+#[test]
+fn special_keys_local() {
+    let server = Server::local();
+    let expected = special_key_files();
+    server.seed("keys/", &expected);
+    let (_tmp, dest) = temp_dest();
+    server.sync("keys/", &dest, &[]).assert_code(0);
+    assert_mirror(&dest, &expected);
+}
+
+#[test]
+fn special_keys_garage() {
+    let Some(server) = Server::garage() else {
+        return;
+    };
+    let expected = special_key_files();
+    server.seed("special-keys/", &expected);
+    let (_tmp, dest) = temp_dest();
+    server.sync("special-keys/", &dest, &[]).assert_code(0);
+    assert_mirror(&dest, &expected);
+}
+
+#[test]
+fn a_thousand_small_files_and_filters() {
+    let server = Server::local();
+    let all: BTreeMap<String, Vec<u8>> = (0..1000)
+        .map(|i| {
+            let ext = if i % 10 == 0 { "txt" } else { "jpg" };
+            (
+                format!("img/{:02}/{i:04}.{ext}", i % 7),
+                content(i, 1 + (i as usize * 37) % 3000),
+            )
+        })
+        .collect();
+    server.seed("many/", &all);
+    let (_tmp, dest) = temp_dest();
+    let run = server.sync("many/", &dest, &["--concurrency", "32"]);
+    run.assert_code(0);
+    assert_mirror(&dest, &all);
+
+    let (_tmp2, filtered) = temp_dest();
+    let run = server.sync(
+        "many/",
+        &filtered,
+        &["--include", "**/*.jpg", "--exclude", "img/03/**"],
+    );
+    run.assert_code(0);
+    let expected: BTreeMap<_, _> = all
+        .into_iter()
+        .filter(|(k, _)| k.ends_with(".jpg") && !k.starts_with("img/03/"))
+        .collect();
+    assert_mirror(&filtered, &expected);
+    assert_eq!(
+        run.count("objects", "filtered_out"),
+        1000 - expected.len() as u64
+    );
+}
+
+#[test]
+fn hostile_keys_are_refused_and_nothing_escapes() {
+    let server = Server::local();
+    let good = files(&[("good.bin", content(20, 1000))]);
+    server.seed("hostile/", &good);
+    let hostile: Vec<(String, u64)> = [
+        "hostile/../escape.txt",
+        "hostile/a/../../escape2.txt",
+        "hostile//absolute.txt",
+        "hostile/a//b.txt",
+        "hostile/.hydrator/READY",
+        "hostile/dir-with-data/",
+    ]
+    .iter()
+    .map(|k| (k.to_string(), 5))
+    .collect();
+    server
+        .faults
+        .add(Rule::listing(Fault::InjectListing(hostile.clone())));
+    let (tmp, dest) = temp_dest();
+    let run = server.sync("hostile/", &dest, &[]);
+    run.assert_code(1);
+    assert_mirror(&dest, &good);
+    let failures: Vec<String> = run.report()["failures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["key"].as_str().unwrap().to_string())
+        .collect();
+    for (key, _) in &hostile {
+        assert!(
+            failures.contains(key),
+            "{key} must be reported; got {failures:?}"
+        );
+        assert!(
+            run.stderr().contains(key.as_str()),
+            "{key} must be named in the log"
+        );
+    }
+    // Nothing beside DEST but its report.
+    let beside: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(beside.len(), 2, "{beside:?}");
+}
+
+#[test]
+fn planted_symlink_in_dest_is_not_followed() {
+    let server = Server::local();
+    let source = files(&[
+        ("shared/x.bin", content(21, 5000)),
+        ("ok.bin", content(22, 10)),
+    ]);
+    server.seed("planted/", &source);
+    let outside = tempfile::tempdir().unwrap();
+    let (_tmp, dest) = temp_dest();
+    std::fs::create_dir_all(&dest).unwrap();
+    std::os::unix::fs::symlink(outside.path(), dest.join("shared")).unwrap();
+    let run = server.sync("planted/", &dest, &[]);
+    run.assert_code(1);
+    assert!(
+        run.stderr().contains("planted/shared/x.bin"),
+        "{}",
+        run.stderr()
+    );
+    assert_eq!(
+        std::fs::read_dir(outside.path()).unwrap().count(),
+        0,
+        "nothing written through the symlink"
+    );
+    assert_eq!(
+        std::fs::read(dest.join("ok.bin")).unwrap(),
+        source["ok.bin"]
+    );
+}
+
+/// A key that is both a file and a prefix (`a` and `a/b`): s3s-fs cannot store that, Garage can.
+#[test]
+fn file_and_prefix_conflict_fails_and_names_the_key_garage() {
+    let Some(server) = Server::garage() else {
+        return;
+    };
+    server.seed(
+        "conflict/",
+        &files(&[("a", content(23, 10)), ("a/b", content(24, 10))]),
+    );
+    let (_tmp, dest) = temp_dest();
+    let run = server.sync("conflict/", &dest, &[]);
+    run.assert_code(1);
+    assert_eq!(run.count("objects", "failed"), 1);
+    assert_eq!(run.count("objects", "downloaded"), 1);
+    let failed = run.report()["failures"][0]["key"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(run.stderr().contains(&failed), "{}", run.stderr());
+}
+
+fn check_usage_errors(server: &Server) {
+    let (_tmp, dest) = temp_dest();
+    let mut wrong = server.target.clone();
+    wrong.secret_key = "definitely-not-the-secret".into();
+    let run = support::hydrator_sync(&wrong, &format!("s3://{}/x/", wrong.bucket), &dest, &[]);
+    run.assert_code(2);
+    assert!(
+        run.stderr().contains("credentials were rejected")
+            || run.stderr().contains("access denied"),
+        "{}",
+        run.stderr()
+    );
+
+    let run = support::hydrator_sync(&server.target, "s3://no-such-bucket-here/x/", &dest, &[]);
+    run.assert_code(2);
+    assert!(
+        run.stderr().contains("does not exist") || run.stderr().contains("access denied"),
+        "{}",
+        run.stderr()
+    );
+}
+
+#[test]
+fn wrong_credentials_and_missing_bucket_local() {
+    check_usage_errors(&Server::local());
+}
+
+#[test]
+fn wrong_credentials_and_missing_bucket_garage() {
+    let Some(server) = Server::garage() else {
+        return;
+    };
+    check_usage_errors(&server);
+}
+
+#[test]
+fn malformed_input_is_a_usage_error() {
+    let server = Server::local();
+    let (_tmp, dest) = temp_dest();
+    for (url, args, needle) in [
+        ("not-a-url", vec![], "expected s3://"),
+        ("s3://x/", vec![], "3 to 63"),
+        (
+            "s3://fine-bucket/",
+            vec!["--part-size", "3MiB"],
+            "power of two",
+        ),
+        (
+            "s3://fine-bucket/",
+            vec!["--part-size", "512KiB"],
+            "at least 1 MiB",
+        ),
+        ("s3://fine-bucket/", vec!["--include", "a["], "--include"),
+    ] {
+        let run = support::hydrator_sync(&server.target, url, &dest, &args);
+        run.assert_code(2);
+        assert!(
+            run.stderr().contains(needle),
+            "{url} {args:?}: {}",
+            run.stderr()
+        );
+    }
+}
+
+#[test]
+fn unreachable_endpoint_fails_clearly() {
+    let mut target = Server::local().target.clone();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    target.endpoint = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let (_tmp, dest) = temp_dest();
+    let run = support::hydrator_sync(&target, "s3://some-bucket/p/", &dest, &[]);
+    assert_ne!(run.code(), 0);
+    assert!(
+        run.stderr().contains("connection failed") || run.stderr().contains("endpoint"),
+        "{}",
+        run.stderr()
+    );
+    assert_eq!(run.report()["result"], "failed");
+}
+
+/// Runs a multi-part mirror under `rules` and checks the result is complete and identical.
+fn survives(rules: Vec<Rule>) -> serde_json::Value {
+    let server = Server::local();
+    let expected = files(&[
+        ("big.bin", content(30, 6 * MIB + 7)),
+        ("small.bin", content(31, 3000)),
+        ("mid.bin", content(32, 2 * MIB)),
+    ]);
+    server.seed("faults/", &expected);
+    for rule in rules {
+        server.faults.add(rule);
+    }
+    let (_tmp, dest) = temp_dest();
+    let run = server.sync(
+        "faults/",
+        &dest,
+        &["--part-size", "1MiB", "--concurrency", "4"],
+    );
+    run.assert_code(0);
+    assert_mirror(&dest, &expected);
+    assert!(server.faults.served() > 0, "the faults were injected");
+    run.report().clone()
+}
+
+#[test]
+fn slowdown_storm_is_ridden_out() {
+    survives(vec![Rule::get("", Fault::Status(503, "SlowDown")).times(30)]);
+}
+
+#[test]
+fn internal_errors_are_retried() {
+    survives(vec![
+        Rule::get("big.bin", Fault::Status(500, "InternalError")).times(8),
+        Rule::listing(Fault::Status(500, "InternalError")).times(2),
+    ]);
+}
+
+#[test]
+fn dropped_connections_are_retried() {
+    survives(vec![Rule::get("", Fault::DropConnection).times(10)]);
+}
+
+#[test]
+fn truncated_bodies_are_retried_per_part() {
+    let report = survives(vec![
+        Rule::get("mid.bin", Fault::TruncateBody(100_000)).times(5)
+    ]);
+    assert!(report["part_retries"].as_u64().unwrap() >= 5, "{report}");
+}
+
+#[test]
+fn stalled_body_is_detected_and_retried() {
+    let report = survives(vec![Rule::get(
+        "mid.bin",
+        Fault::StallBody(64 * 1024, Duration::from_secs(60)),
+    )]);
+    assert!(report["part_retries"].as_u64().unwrap() >= 1, "{report}");
+}
+
+#[test]
+fn object_replaced_between_parts_is_restarted_whole() {
+    let server = Server::local();
+    let old = content(40, 4 * MIB + 5);
+    let new = content(41, 3 * MIB + 1);
+    server.seed("replaced/", &files(&[("model.bin", old)]));
+    // The third ranged GET finds the object replaced: parts of two versions must never mix.
+    server
+        .faults
+        .add(Rule::get("model.bin", Fault::ReplaceObject(new.clone())).skip(2));
+    let (_tmp, dest) = temp_dest();
+    let run = server.sync(
+        "replaced/",
+        &dest,
+        &["--part-size", "1MiB", "--concurrency", "1"],
+    );
+    run.assert_code(0);
+    assert!(
+        run.report()["object_restarts"].as_u64().unwrap() >= 1,
+        "{}",
+        run.report()
+    );
+    assert_mirror(&dest, &files(&[("model.bin", new.clone())]));
+    assert_eq!(
+        report_hashes(run.report())["model.bin"],
+        blake3::hash(&new).to_hex().as_str()
+    );
+}
+
+#[test]
+fn persistent_errors_fail_the_object_and_publish_nothing_partial() {
+    let server = Server::local();
+    let source = files(&[
+        ("broken.bin", content(50, 3 * MIB)),
+        ("fine.bin", content(51, 100)),
+    ]);
+    server.seed("persistent/", &source);
+    server
+        .faults
+        .add(Rule::get("broken.bin", Fault::TruncateBody(1000)).times(usize::MAX));
+    let (_tmp, dest) = temp_dest();
+    let run = server.sync("persistent/", &dest, &["--part-size", "1MiB"]);
+    run.assert_code(1);
+    assert!(
+        run.stderr().contains("persistent/broken.bin"),
+        "{}",
+        run.stderr()
+    );
+    assert_eq!(run.report()["failures"][0]["key"], "persistent/broken.bin");
+    assert_mirror(&dest, &files(&[("fine.bin", source["fine.bin"].clone())]));
+}
+
+#[test]
+fn broken_listing_never_exits_zero() {
+    let server = Server::local();
+    let many: BTreeMap<String, Vec<u8>> = (0..1100)
+        .map(|i| (format!("f{i:05}"), vec![i as u8]))
+        .collect();
+    server.seed("paged/", &many);
+    server.faults.add(Rule {
+        query_contains: Some("continuation-token"),
+        ..Rule::listing(Fault::Status(500, "InternalError")).times(usize::MAX)
+    });
+    let (_tmp, dest) = temp_dest();
+    let run = server.sync("paged/", &dest, &[]);
+    run.assert_code(1);
+    assert!(run.stderr().contains("listing failed"), "{}", run.stderr());
+    assert_eq!(run.report()["result"], "failed");
+}
+
+#[test]
+fn writers_produce_identical_files() {
+    let server = Server::local();
+    let expected = files(&[
+        ("w/a.bin", content(60, 3 * MIB + 17)),
+        ("b.bin", content(61, 4097)),
+    ]);
+    server.seed("writers/", &expected);
+    for (backend, direct) in [
+        ("pwrite", false),
+        ("io-uring", false),
+        ("pwrite", true),
+        ("io-uring", true),
+    ] {
+        let (_tmp, dest) = temp_dest();
+        let mut args = vec!["--io-backend", backend, "--part-size", "1MiB"];
+        if direct {
+            args.push("--direct-io");
+        }
+        let run = server.sync("writers/", &dest, &args);
+        run.assert_code(0);
+        assert_mirror(&dest, &expected);
+        let used = run.report()["io_backend"].as_str().unwrap().to_string();
+        assert_eq!(used.replace('_', "-"), backend);
+    }
+}
+
+#[test]
+fn auto_falls_back_to_pwrite_when_seccomp_refuses_io_uring() {
+    let server = Server::local();
+    let expected = files(&[("x.bin", content(70, 2 * MIB + 3))]);
+    server.seed("seccomp/", &expected);
+    let (_tmp, dest) = temp_dest();
+    let report = dest.with_extension("report.json");
+    let mut command = support::hydrator_command(&server.target);
+    command
+        .args(["sync", "s3://hydrator-test/seccomp/"])
+        .arg(&dest)
+        .args([
+            "--endpoint-url",
+            &server.target.endpoint,
+            "--progress",
+            "none",
+            "--report",
+        ])
+        .arg(&report);
+    support::seccomp::refuse_io_uring(&mut command);
+    let output = command.output().unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_mirror(&dest, &expected);
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(report["io_backend"], "pwrite");
+    assert!(report["io_backend_fallback_reason"]
+        .as_str()
+        .unwrap()
+        .contains("io_uring"));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("io_uring is not available"));
+
+    let mut forced = support::hydrator_command(&server.target);
+    forced
+        .args(["sync", "s3://hydrator-test/seccomp/"])
+        .arg(&dest)
+        .args([
+            "--endpoint-url",
+            &server.target.endpoint,
+            "--io-backend",
+            "io-uring",
+        ]);
+    support::seccomp::refuse_io_uring(&mut forced);
+    let output = forced.output().unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

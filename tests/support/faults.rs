@@ -1,0 +1,340 @@
+//! A fault injector around the in-process s3s server: each request is matched against scripted
+//! rules that answer with an error status, drop the connection, cut or stall the body, replace
+//! the object first, or add entries to a listing. It also enforces `If-Match` on GET, which
+//! s3s-fs ignores, answering 412 with an empty body as Garage does.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use hyper::body::{Body, Frame, Incoming};
+use hyper::{Request, Response, StatusCode};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What a matching request gets.
+#[derive(Clone, Debug)]
+pub enum Fault {
+    /// An S3 error response with this status and code (e.g. 503 SlowDown).
+    Status(u16, &'static str),
+    /// The connection is closed without an answer.
+    DropConnection,
+    /// The body ends with a broken connection after this many bytes.
+    TruncateBody(usize),
+    /// The body stops for this long after this many bytes.
+    StallBody(usize, Duration),
+    /// The object is overwritten with these bytes, then the request is served.
+    ReplaceObject(Vec<u8>),
+    /// These `(key, size)` entries are added to the listing page.
+    InjectListing(Vec<(String, u64)>),
+}
+
+/// Which requests a rule applies to.
+#[derive(Clone, Debug)]
+pub struct Rule {
+    pub method: &'static str,
+    /// Substring of the decoded request path (`/bucket/key`); empty matches all.
+    pub path_contains: String,
+    /// Only requests with a `Range` header.
+    pub ranged_only: bool,
+    /// Only requests with this query parameter (e.g. `continuation-token`).
+    pub query_contains: Option<&'static str>,
+    /// Matching requests let through before the fault starts.
+    pub skip: usize,
+    /// Matching requests that get the fault (usize::MAX: all).
+    pub times: usize,
+    pub fault: Fault,
+}
+
+impl Rule {
+    pub fn get(path_contains: &str, fault: Fault) -> Self {
+        Self {
+            method: "GET",
+            path_contains: path_contains.to_string(),
+            ranged_only: true,
+            query_contains: None,
+            skip: 0,
+            times: 1,
+            fault,
+        }
+    }
+
+    pub fn listing(fault: Fault) -> Self {
+        Self {
+            ranged_only: false,
+            query_contains: Some("list-type=2"),
+            ..Self::get("", fault)
+        }
+    }
+
+    pub fn times(mut self, times: usize) -> Self {
+        self.times = times;
+        self
+    }
+
+    pub fn skip(mut self, skip: usize) -> Self {
+        self.skip = skip;
+        self
+    }
+}
+
+/// The scripted rules and a count of faults served.
+#[derive(Default)]
+pub struct Faults {
+    rules: Mutex<VecDeque<(Rule, usize, usize)>>,
+    served: Mutex<usize>,
+}
+
+impl Faults {
+    pub fn add(&self, rule: Rule) {
+        self.rules.lock().unwrap().push_back((rule, 0, 0));
+    }
+
+    pub fn served(&self) -> usize {
+        *self.served.lock().unwrap()
+    }
+
+    fn take(&self, method: &str, path: &str, query: &str, ranged: bool) -> Option<Fault> {
+        let mut rules = self.rules.lock().unwrap();
+        for (rule, seen, fired) in rules.iter_mut() {
+            let matches = rule.method == method
+                && path.contains(&rule.path_contains)
+                && (!rule.ranged_only || ranged)
+                && rule.query_contains.is_none_or(|q| query.contains(q));
+            if !matches || *fired >= rule.times {
+                continue;
+            }
+            *seen += 1;
+            if *seen <= rule.skip {
+                continue;
+            }
+            *fired += 1;
+            *self.served.lock().unwrap() += 1;
+            return Some(rule.fault.clone());
+        }
+        None
+    }
+}
+
+/// The s3s service with faults in front of it.
+#[derive(Clone)]
+pub struct FaultyS3 {
+    pub inner: s3s::service::S3Service,
+    pub faults: Arc<Faults>,
+    /// Client of this same server, used to replace objects.
+    pub client: Arc<Mutex<Option<aws_sdk_s3::Client>>>,
+}
+
+impl hyper::service::Service<Request<Incoming>> for FaultyS3 {
+    type Response = Response<FaultBody>;
+    type Error = BoxError;
+    type Future =
+        Pin<Box<dyn std::future::Future<Output = Result<Self::Response, BoxError>> + Send>>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move { this.handle(req).await })
+    }
+}
+
+impl FaultyS3 {
+    async fn handle(self, req: Request<Incoming>) -> Result<Response<FaultBody>, BoxError> {
+        let method = req.method().as_str().to_string();
+        let path = percent_decode(req.uri().path());
+        let query = req.uri().query().unwrap_or("").to_string();
+        let ranged = req.headers().contains_key("range");
+        let if_match = req
+            .headers()
+            .get("if-match")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let fault = self.faults.take(&method, &path, &query, ranged);
+        let mut body_fault = None;
+        match fault {
+            Some(Fault::Status(status, code)) => return Ok(error_response(status, code)),
+            Some(Fault::DropConnection) => return Err("fault: connection dropped".into()),
+            Some(Fault::ReplaceObject(data)) => self.replace(&path, data).await?,
+            Some(f @ (Fault::TruncateBody(_) | Fault::StallBody(..) | Fault::InjectListing(_))) => {
+                body_fault = Some(f)
+            }
+            None => {}
+        }
+        let response = self.inner.call(req.map(s3s::Body::from)).await?;
+        if let (Some(expected), "GET" | "HEAD") = (&if_match, method.as_str()) {
+            let etag = response.headers().get("etag").and_then(|v| v.to_str().ok());
+            if response.status().is_success() && etag != Some(expected.as_str()) {
+                let mut refused = Response::new(FaultBody::full(Bytes::new()));
+                *refused.status_mut() = StatusCode::PRECONDITION_FAILED;
+                return Ok(refused);
+            }
+        }
+        let (mut parts, body) = response.into_parts();
+        let body = match body_fault {
+            Some(Fault::InjectListing(extra)) => {
+                let bytes = http_body_util::BodyExt::collect(body).await?.to_bytes();
+                let xml = inject_listing(&String::from_utf8_lossy(&bytes), &extra);
+                parts.headers.remove("content-length");
+                FaultBody::full(Bytes::from(xml))
+            }
+            Some(Fault::TruncateBody(after)) => FaultBody::wrap(body, after, None),
+            Some(Fault::StallBody(after, pause)) => FaultBody::wrap(body, after, Some(pause)),
+            _ => FaultBody::wrap(body, usize::MAX, None),
+        };
+        Ok(Response::from_parts(parts, body))
+    }
+
+    async fn replace(&self, path: &str, data: Vec<u8>) -> Result<(), BoxError> {
+        let (bucket, key) = path
+            .trim_start_matches('/')
+            .split_once('/')
+            .ok_or("no key")?;
+        let client = self
+            .client
+            .lock()
+            .unwrap()
+            .clone()
+            .ok_or("no client to replace with")?;
+        client
+            .put_object()
+            .bucket(bucket)
+            .key(key)
+            .body(data.into())
+            .send()
+            .await?;
+        Ok(())
+    }
+}
+
+fn error_response(status: u16, code: &str) -> Response<FaultBody> {
+    let xml = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{code}</Code><Message>injected fault</Message></Error>"
+    );
+    let mut response = Response::new(FaultBody::full(Bytes::from(xml)));
+    *response.status_mut() = StatusCode::from_u16(status).unwrap();
+    response
+}
+
+fn inject_listing(xml: &str, extra: &[(String, u64)]) -> String {
+    let entries: String = extra
+        .iter()
+        .map(|(key, size)| {
+            let key = key
+                .replace('&', "&amp;")
+                .replace('<', "&lt;")
+                .replace('>', "&gt;");
+            format!(
+                "<Contents><Key>{key}</Key><LastModified>2026-01-01T00:00:00.000Z</LastModified>\
+                 <ETag>\"00000000000000000000000000000000\"</ETag><Size>{size}</Size>\
+                 <StorageClass>STANDARD</StorageClass></Contents>"
+            )
+        })
+        .collect();
+    xml.replacen(
+        "</ListBucketResult>",
+        &format!("{entries}</ListBucketResult>"),
+        1,
+    )
+}
+
+fn percent_decode(path: &str) -> String {
+    let bytes = path.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let Ok(b) = u8::from_str_radix(&path[i + 1..i + 3], 16) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A response body that may end early with an error or pause midway.
+pub struct FaultBody {
+    inner: Option<s3s::Body>,
+    full: Option<Bytes>,
+    remaining: usize,
+    stall: Option<Duration>,
+    sleeping: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl FaultBody {
+    fn full(bytes: Bytes) -> Self {
+        Self {
+            inner: None,
+            full: Some(bytes),
+            remaining: usize::MAX,
+            stall: None,
+            sleeping: None,
+        }
+    }
+
+    fn wrap(body: s3s::Body, after: usize, stall: Option<Duration>) -> Self {
+        Self {
+            inner: Some(body),
+            full: None,
+            remaining: after,
+            stall,
+            sleeping: None,
+        }
+    }
+}
+
+impl Body for FaultBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        if let Some(bytes) = this.full.take() {
+            return Poll::Ready(Some(Ok(Frame::data(bytes))));
+        }
+        if this.remaining == 0 {
+            match this.stall.take() {
+                None => return Poll::Ready(Some(Err("fault: body cut short".into()))),
+                Some(pause) => {
+                    this.sleeping = Some(Box::pin(tokio::time::sleep(pause)));
+                    this.remaining = usize::MAX;
+                }
+            }
+        }
+        if let Some(sleep) = &mut this.sleeping {
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            this.sleeping = None;
+        }
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match Pin::new(inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                let Ok(mut data) = frame.into_data() else {
+                    return Poll::Ready(None);
+                };
+                if data.len() > this.remaining {
+                    data.truncate(this.remaining);
+                }
+                if this.remaining != usize::MAX {
+                    this.remaining -= data.len();
+                }
+                Poll::Ready(Some(Ok(Frame::data(data))))
+            }
+            Poll::Ready(Some(Err(err))) => Poll::Ready(Some(Err(err))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}

@@ -1,0 +1,292 @@
+//! Shared helpers of the end-to-end suite: S3 servers to run against (the in-process s3s server
+//! behind a fault injector, and Garage), seeding, running the real `hydrator` binary, and
+//! checking a mirror byte for byte.
+
+pub mod faults;
+pub mod garage;
+pub mod seccomp;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::{Arc, Mutex};
+
+use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
+use faults::{Faults, FaultyS3};
+
+/// Connection details of an S3 server under test.
+#[derive(Clone, Debug)]
+pub struct S3Target {
+    pub endpoint: String,
+    pub region: String,
+    pub access_key: String,
+    pub secret_key: String,
+    pub bucket: String,
+}
+
+/// A server, a runtime to drive it and a client to seed it.
+pub struct Server {
+    pub target: S3Target,
+    pub faults: Arc<Faults>,
+    pub runtime: tokio::runtime::Runtime,
+    pub client: aws_sdk_s3::Client,
+    _data: Option<tempfile::TempDir>,
+}
+
+impl Server {
+    /// The in-process s3s-fs server with the fault injector, bucket created.
+    pub fn local() -> Self {
+        let runtime = runtime();
+        let data = tempfile::tempdir().unwrap();
+        let credentials = hydrator::config::StaticCredentials {
+            access_key: "AKIATESTHYDRATOR0001".into(),
+            secret_key: "test-secret-key-of-the-in-process-server".into(),
+        };
+        let inner = hydrator::demo::server::s3_service(data.path(), &credentials).unwrap();
+        let faults = Arc::new(Faults::default());
+        let replace_client = Arc::new(Mutex::new(None));
+        let service = FaultyS3 {
+            inner,
+            faults: faults.clone(),
+            client: replace_client.clone(),
+        };
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind(("127.0.0.1", 0)))
+            .unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        {
+            let _guard = runtime.enter();
+            hydrator::demo::server::spawn_server(listener, service);
+        }
+        let target = S3Target {
+            endpoint,
+            region: "us-east-1".into(),
+            access_key: credentials.access_key,
+            secret_key: credentials.secret_key,
+            bucket: "hydrator-test".into(),
+        };
+        let client = client_for(&target);
+        *replace_client.lock().unwrap() = Some(client.clone());
+        runtime
+            .block_on(client.create_bucket().bucket(&target.bucket).send())
+            .unwrap();
+        Self {
+            target,
+            faults,
+            runtime,
+            client,
+            _data: Some(data),
+        }
+    }
+
+    /// The shared Garage of this test process, or `None` where Garage is not installed and
+    /// not required.
+    pub fn garage() -> Option<Self> {
+        let garage = garage::shared()?;
+        let target = S3Target {
+            endpoint: garage.endpoint.clone(),
+            region: garage.region.clone(),
+            access_key: garage.access_key.clone(),
+            secret_key: garage.secret_key.clone(),
+            bucket: garage.bucket.clone(),
+        };
+        let runtime = runtime();
+        let client = client_for(&target);
+        Some(Self {
+            target,
+            faults: Arc::default(),
+            runtime,
+            client,
+            _data: None,
+        })
+    }
+
+    /// Uploads `files` (path relative to `prefix` → content).
+    pub fn seed(&self, prefix: &str, files: &BTreeMap<String, Vec<u8>>) {
+        self.runtime.block_on(async {
+            for (path, data) in files {
+                self.client
+                    .put_object()
+                    .bucket(&self.target.bucket)
+                    .key(format!("{prefix}{path}"))
+                    .body(data.clone().into())
+                    .send()
+                    .await
+                    .unwrap_or_else(|e| panic!("seeding {path}: {e:?}"));
+            }
+        });
+    }
+
+    /// Runs `hydrator sync s3://BUCKET/PREFIX DEST ARGS...` against this server.
+    pub fn sync(&self, prefix: &str, dest: &Path, args: &[&str]) -> Run {
+        let url = format!("s3://{}/{}", self.target.bucket, prefix);
+        hydrator_sync(&self.target, &url, dest, args)
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+pub fn client_for(target: &S3Target) -> aws_sdk_s3::Client {
+    let config = aws_sdk_s3::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .endpoint_url(&target.endpoint)
+        .region(Region::new(target.region.clone()))
+        .credentials_provider(Credentials::new(
+            &target.access_key,
+            &target.secret_key,
+            None,
+            None,
+            "test",
+        ))
+        .force_path_style(true)
+        .build();
+    aws_sdk_s3::Client::from_conf(config)
+}
+
+/// The outcome of one run of the binary.
+pub struct Run {
+    pub output: Output,
+    pub report: Option<serde_json::Value>,
+}
+
+impl Run {
+    pub fn code(&self) -> i32 {
+        self.output.status.code().unwrap_or(-1)
+    }
+
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.output.stderr).into_owned()
+    }
+
+    pub fn report(&self) -> &serde_json::Value {
+        self.report.as_ref().expect("the run wrote a report")
+    }
+
+    pub fn assert_code(&self, code: i32) -> &Self {
+        assert_eq!(
+            self.code(),
+            code,
+            "exit code; stdout:\n{}\nstderr:\n{}",
+            String::from_utf8_lossy(&self.output.stdout),
+            self.stderr()
+        );
+        self
+    }
+
+    pub fn count(&self, section: &str, field: &str) -> u64 {
+        self.report()[section][field].as_u64().unwrap()
+    }
+}
+
+/// Runs the real binary with credentials in the environment, as a pod would.
+pub fn hydrator_sync(target: &S3Target, url: &str, dest: &Path, args: &[&str]) -> Run {
+    let report = dest.with_extension("report.json");
+    let _ = std::fs::remove_file(&report);
+    let mut command = hydrator_command(target);
+    command
+        .arg("sync")
+        .arg(url)
+        .arg(dest)
+        .arg("--endpoint-url")
+        .arg(&target.endpoint)
+        .arg("--report")
+        .arg(&report)
+        .args(["--progress", "none"])
+        .args(args);
+    let output = command.output().expect("run hydrator");
+    let report = std::fs::read(&report)
+        .ok()
+        .map(|bytes| serde_json::from_slice(&bytes).expect("the report is JSON"));
+    Run { output, report }
+}
+
+/// `hydrator` with a clean AWS environment pointing at `target`.
+pub fn hydrator_command(target: &S3Target) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_hydrator"));
+    for (key, _) in std::env::vars() {
+        if key.starts_with("AWS_") || key.starts_with("HYDRATOR_") {
+            command.env_remove(key);
+        }
+    }
+    command
+        .env("AWS_ACCESS_KEY_ID", &target.access_key)
+        .env("AWS_SECRET_ACCESS_KEY", &target.secret_key)
+        .env("AWS_REGION", &target.region)
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("AWS_CONFIG_FILE", "/nonexistent")
+        .env("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent");
+    command
+}
+
+/// Deterministic pseudo-random content.
+pub fn content(seed: u64, len: usize) -> Vec<u8> {
+    hydrator::demo::dataset::content(seed, len as u64)
+}
+
+/// Every regular file under `dir` (relative path → bytes); symlinks are listed as errors.
+pub fn read_tree(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, Vec<u8>>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let entry = entry.unwrap();
+            let path = entry.path();
+            let kind = entry.file_type().unwrap();
+            let rel = path
+                .strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            if kind.is_dir() {
+                walk(root, &path, out);
+            } else if kind.is_file() {
+                out.insert(rel, std::fs::read(&path).unwrap());
+            } else {
+                out.insert(rel, b"<not a regular file>".to_vec());
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(dir, dir, &mut out);
+    out
+}
+
+/// Asserts DEST holds exactly `expected`, byte for byte, and no in-flight leftovers.
+pub fn assert_mirror(dest: &Path, expected: &BTreeMap<String, Vec<u8>>) {
+    let actual = read_tree(dest);
+    let names = |m: &BTreeMap<String, Vec<u8>>| m.keys().cloned().collect::<Vec<_>>();
+    assert_eq!(
+        names(&actual),
+        names(expected),
+        "files in {}",
+        dest.display()
+    );
+    for (path, data) in expected {
+        assert!(actual[path] == *data, "{path} differs from the source");
+    }
+}
+
+/// The BLAKE3 recorded in the report for each path.
+pub fn report_hashes(report: &serde_json::Value) -> BTreeMap<String, String> {
+    report["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["path"].as_str().unwrap().to_string(),
+                f["blake3"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+pub fn temp_dest() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let dest = dir.path().join("dest");
+    (dir, dest)
+}
