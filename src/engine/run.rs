@@ -67,7 +67,7 @@ pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
     let writers = Writers::start(cfg.io_backend)?;
     tracing::info!(backend = %writers.backend, "writing with {}", writers.backend);
     let dest = Arc::new(dest);
-    let (committer, committer_task) = Committer::start(dest.clone());
+    let committer = Committer::start(dest.clone());
     let stats = Arc::new(Stats::default());
     let ctx = Arc::new(Ctx {
         client: client::build(&cfg).await,
@@ -141,11 +141,9 @@ pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
     let sink_error = tally.sink_error.take();
     drop(listing);
     progress.finish();
-    let Ctx {
-        writers, committer, ..
-    } = Arc::into_inner(ctx).expect("all tasks joined");
-    drop(committer);
-    let _ = committer_task.await;
+    // Every object that counts as done has awaited its own durable commit, so nothing is left
+    // to flush here; tasks of aborted objects may still be unwinding and holding `ctx`.
+    let writers = &ctx.writers;
 
     if let (None, Some(err)) = (&fatal, sink_error) {
         fatal = Some(SyncError::Local(format!("writing the report spool: {err}")));

@@ -35,10 +35,11 @@ pub struct Committer {
 }
 
 impl Committer {
-    pub fn start(dest: Arc<Dest>) -> (Self, tokio::task::JoinHandle<()>) {
+    /// Starts the committer task; it ends when the last handle is dropped.
+    pub fn start(dest: Arc<Dest>) -> Self {
         let (tx, rx) = mpsc::channel(BATCH_FILES);
-        let task = tokio::spawn(run(dest, rx));
-        (Self { tx }, task)
+        tokio::spawn(run(dest, rx));
+        Self { tx }
     }
 
     /// Publishes `partial` as `name` in `dir`; returns once it is durable under its final name.

@@ -219,8 +219,8 @@ pub fn hydrator_command(target: &S3Target) -> Command {
         .env("AWS_SECRET_ACCESS_KEY", &target.secret_key)
         .env("AWS_REGION", &target.region)
         .env("AWS_EC2_METADATA_DISABLED", "true")
-        .env("AWS_CONFIG_FILE", "/nonexistent")
-        .env("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent");
+        .env("AWS_CONFIG_FILE", "/dev/null")
+        .env("AWS_SHARED_CREDENTIALS_FILE", "/dev/null");
     command
 }
 
