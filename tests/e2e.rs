@@ -87,14 +87,17 @@ fn special_key_files() -> BTreeMap<String, Vec<u8>> {
     ])
 }
 
+fn check_special_keys(server: &Server, prefix: &str) {
+    let expected = special_key_files();
+    server.seed(prefix, &expected);
+    let (_tmp, dest) = temp_dest();
+    server.sync(prefix, &dest, &[]).assert_code(0);
+    assert_mirror(&dest, &expected);
+}
+
 #[test]
 fn special_keys_local() {
-    let server = Server::local();
-    let expected = special_key_files();
-    server.seed("keys/", &expected);
-    let (_tmp, dest) = temp_dest();
-    server.sync("keys/", &dest, &[]).assert_code(0);
-    assert_mirror(&dest, &expected);
+    check_special_keys(&Server::local(), "keys/");
 }
 
 #[test]
@@ -102,11 +105,7 @@ fn special_keys_garage() {
     let Some(server) = Server::garage() else {
         return;
     };
-    let expected = special_key_files();
-    server.seed("special-keys/", &expected);
-    let (_tmp, dest) = temp_dest();
-    server.sync("special-keys/", &dest, &[]).assert_code(0);
-    assert_mirror(&dest, &expected);
+    check_special_keys(&server, "special-keys/");
 }
 
 #[test]

@@ -6,6 +6,7 @@ use std::fs::File;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::JoinSet;
 
 use super::part::{fetch_part, PartTarget};
@@ -22,10 +23,14 @@ use crate::source::list::ObjectEntry;
 use crate::write::dest::{self, Dest};
 
 /// Mirrors one listed object; the error names the reason for a person.
+///
+/// `slot` is one of the run's object slots; it is released as soon as the file is written, so
+/// files waiting for their durable batch do not hold back the next downloads.
 pub async fn mirror_object(
     ctx: Arc<Ctx>,
     entry: ObjectEntry,
     rel: RelPath,
+    slot: OwnedSemaphorePermit,
 ) -> Result<FileRecord, String> {
     let record = |size, hash: Option<String>, status| FileRecord {
         key: entry.key.clone(),
@@ -50,11 +55,16 @@ pub async fn mirror_object(
     loop {
         match download(&ctx, object.clone(), &rel, modified).await {
             Ok(hash) => {
+                drop(slot);
+                ctx.committer
+                    .publish(rel.clone())
+                    .await
+                    .map_err(|err| format!("publishing {rel}: {err}"))?;
                 return Ok(record(
                     object.size,
                     Some(hash.to_hex().to_string()),
                     FileStatus::Downloaded,
-                ))
+                ));
             }
             Err(PartError::Changed) if restarts < MAX_OBJECT_RESTARTS => {
                 restarts += 1;
@@ -122,10 +132,6 @@ async fn download(
                     .map_err(|e| (format!("finishing {size}-byte file"), e))
             })
             .await?;
-            ctx.committer
-                .publish(dir, rel.partial_name(), rel.file_name().to_string())
-                .await
-                .map_err(|err| PartError::Fatal(format!("publishing {rel}: {err}")))?;
             Ok(hash)
         }
         Err(err) => {

@@ -122,8 +122,7 @@ pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
                 let ctx = ctx.clone();
                 tasks.spawn(async move {
                     let key = entry.key.clone();
-                    let result = mirror_object(ctx, entry, rel).await;
-                    drop(permit);
+                    let result = mirror_object(ctx, entry, rel, permit).await;
                     (key, result)
                 });
                 while let Some(done) = tasks.try_join_next() {

@@ -8,23 +8,24 @@
 //! final name only once it is whole, hashed and on disk.
 
 use std::io;
-use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
 use super::dest::{self, Dest};
+use crate::plan::keys::RelPath;
 
 /// Most files in one batch.
 const BATCH_FILES: usize = 256;
 /// Longest a finished file waits for its batch to close.
 const BATCH_WINDOW: Duration = Duration::from_millis(100);
 
+/// A finished `.NAME.partial`. It carries no open descriptor (its directory is reached again
+/// at commit time through the same no-symlink walk), so files waiting for a batch cost memory
+/// only, not file descriptors.
 struct Job {
-    dir: OwnedFd,
-    partial: String,
-    name: String,
+    rel: RelPath,
     done: oneshot::Sender<io::Result<()>>,
 }
 
@@ -42,15 +43,10 @@ impl Committer {
         Self { tx }
     }
 
-    /// Publishes `partial` as `name` in `dir`; returns once it is durable under its final name.
-    pub async fn publish(&self, dir: OwnedFd, partial: String, name: String) -> io::Result<()> {
+    /// Publishes `rel`'s partial file under its final name; returns once that is durable.
+    pub async fn publish(&self, rel: RelPath) -> io::Result<()> {
         let (done, wait) = oneshot::channel();
-        let job = Job {
-            dir,
-            partial,
-            name,
-            done,
-        };
+        let job = Job { rel, done };
         self.tx
             .send(job)
             .await
@@ -88,7 +84,7 @@ fn commit_batch(dest: &Dest, batch: Vec<Job>) {
     }
     let mut renamed = Vec::with_capacity(batch.len());
     for job in batch {
-        match dest::publish(&job.dir, &job.partial, &job.name) {
+        match publish_one(dest, &job.rel) {
             Ok(()) => renamed.push(job.done),
             Err(err) => {
                 let _ = job.done.send(Err(err));
@@ -102,4 +98,17 @@ fn commit_batch(dest: &Dest, batch: Vec<Job>) {
             Err(err) => Err(io::Error::new(err.kind(), err.to_string())),
         });
     }
+}
+
+/// Renames `rel`'s partial file to its final name; on failure the partial file is removed.
+fn publish_one(dest: &Dest, rel: &RelPath) -> io::Result<()> {
+    let dir = dest
+        .open_parent(rel, false)?
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "its directory vanished"))?;
+    let partial = rel.partial_name();
+    dest::publish(&dir, &partial, rel.file_name()).inspect_err(|_| {
+        if let Ok(name) = dest::cstring(&partial) {
+            let _ = dest::unlink_at(&dir, &name);
+        }
+    })
 }
