@@ -108,9 +108,7 @@ fn special_keys_garage() {
     check_special_keys(&server, "special-keys/");
 }
 
-#[test]
-fn a_thousand_small_files_and_filters() {
-    let server = Server::local();
+fn check_thousand_small_files_and_filters(server: &Server, prefix: &str) {
     let all: BTreeMap<String, Vec<u8>> = (0..1000)
         .map(|i| {
             let ext = if i % 10 == 0 { "txt" } else { "jpg" };
@@ -120,15 +118,15 @@ fn a_thousand_small_files_and_filters() {
             )
         })
         .collect();
-    server.seed("many/", &all);
+    server.seed(prefix, &all);
     let (_tmp, dest) = temp_dest();
-    let run = server.sync("many/", &dest, &["--concurrency", "32"]);
+    let run = server.sync(prefix, &dest, &["--concurrency", "32"]);
     run.assert_code(0);
     assert_mirror(&dest, &all);
 
     let (_tmp2, filtered) = temp_dest();
     let run = server.sync(
-        "many/",
+        prefix,
         &filtered,
         &["--include", "**/*.jpg", "--exclude", "img/03/**"],
     );
@@ -142,6 +140,19 @@ fn a_thousand_small_files_and_filters() {
         run.count("objects", "filtered_out"),
         1000 - expected.len() as u64
     );
+}
+
+#[test]
+fn a_thousand_small_files_and_filters_local() {
+    check_thousand_small_files_and_filters(&Server::local(), "many/");
+}
+
+#[test]
+fn a_thousand_small_files_and_filters_garage() {
+    let Some(server) = Server::garage() else {
+        return;
+    };
+    check_thousand_small_files_and_filters(&server, "thousand/");
 }
 
 #[test]
@@ -453,14 +464,12 @@ fn broken_listing_never_exits_zero() {
     assert_eq!(run.report()["result"], "failed");
 }
 
-#[test]
-fn writers_produce_identical_files() {
-    let server = Server::local();
+fn check_writers_produce_identical_files(server: &Server, prefix: &str) {
     let expected = files(&[
         ("w/a.bin", content(60, 3 * MIB + 17)),
         ("b.bin", content(61, 4097)),
     ]);
-    server.seed("writers/", &expected);
+    server.seed(prefix, &expected);
     for (backend, direct) in [
         ("pwrite", false),
         ("io-uring", false),
@@ -472,12 +481,61 @@ fn writers_produce_identical_files() {
         if direct {
             args.push("--direct-io");
         }
-        let run = server.sync("writers/", &dest, &args);
+        let run = server.sync(prefix, &dest, &args);
         run.assert_code(0);
         assert_mirror(&dest, &expected);
         let used = run.report()["io_backend"].as_str().unwrap().to_string();
         assert_eq!(used.replace('_', "-"), backend);
     }
+}
+
+#[test]
+fn writers_produce_identical_files_local() {
+    check_writers_produce_identical_files(&Server::local(), "writers/");
+}
+
+#[test]
+fn writers_produce_identical_files_garage() {
+    let Some(server) = Server::garage() else {
+        return;
+    };
+    check_writers_produce_identical_files(&server, "writers/");
+}
+
+/// Garage stores keys that no filesystem path should be made of; the listing really carries them.
+#[test]
+fn hostile_keys_stored_on_garage_are_refused() {
+    let Some(server) = Server::garage() else {
+        return;
+    };
+    let good = files(&[("good.bin", content(25, 100))]);
+    let hostile = [
+        "../escape.txt",
+        "a/../../escape2.txt",
+        "a//b.txt",
+        ".hydrator/READY",
+        "sub/.x.partial",
+    ];
+    let mut all = good.clone();
+    for key in hostile {
+        all.insert(key.to_string(), b"evil".to_vec());
+    }
+    server.seed("garage-hostile/", &all);
+    let (tmp, dest) = temp_dest();
+    let run = server.sync("garage-hostile/", &dest, &[]);
+    run.assert_code(1);
+    assert_eq!(
+        run.count("objects", "failed"),
+        hostile.len() as u64,
+        "{}",
+        run.report()
+    );
+    assert_mirror(&dest, &good);
+    assert_eq!(
+        std::fs::read_dir(tmp.path()).unwrap().count(),
+        2,
+        "nothing beside DEST but its report"
+    );
 }
 
 #[test]
