@@ -44,22 +44,30 @@ pub enum LogFormat {
 pub enum Command {
     /// Mirror every object under s3://BUCKET/PREFIX/ into DEST.
     Sync(SyncArgs),
+    /// Re-hash every file in DEST against its manifest; --repair fetches bad files again.
+    Verify(VerifyArgs),
+    /// Freeze the listing of s3://BUCKET/PREFIX/ into a file that `sync --snapshot` hydrates.
+    Snapshot(SnapshotArgs),
     /// Start an S3 server in-process, seed it with a generated dataset and sync it.
     Demo(DemoArgs),
 }
 
 #[derive(Debug, Args)]
 pub struct SyncArgs {
-    /// Source: s3://BUCKET/PREFIX/ (keys are mirrored relative to PREFIX).
-    pub source: String,
-    /// Destination directory (created if missing).
-    pub dest: PathBuf,
+    /// SOURCE DEST: s3://BUCKET/PREFIX/ (keys are mirrored relative to PREFIX) and the
+    /// destination directory (created if missing). With --snapshot, DEST only.
+    #[arg(required = true, num_args = 1..=2, value_names = ["SOURCE", "DEST"])]
+    pub paths: Vec<String>,
+    /// Hydrate exactly the objects recorded in this snapshot file (see `hydrator snapshot`).
+    #[arg(long, env = "HYDRATOR_SNAPSHOT")]
+    pub snapshot: Option<PathBuf>,
     #[command(flatten)]
     pub options: SyncOptions,
 }
 
-#[derive(Debug, Args)]
-pub struct SyncOptions {
+/// Where the S3 server is.
+#[derive(Debug, Args, Clone)]
+pub struct ConnectionOptions {
     /// S3 endpoint for MinIO, Ceph RGW, Garage... (default: AWS).
     #[arg(long, env = "AWS_ENDPOINT_URL")]
     pub endpoint_url: Option<String>,
@@ -69,6 +77,12 @@ pub struct SyncOptions {
     /// Path-style addressing (default: on when an endpoint is given).
     #[arg(long, env = "HYDRATOR_PATH_STYLE")]
     pub path_style: Option<bool>,
+}
+
+#[derive(Debug, Args)]
+pub struct SyncOptions {
+    #[command(flatten)]
+    pub connection: ConnectionOptions,
     /// Ranged GETs in flight.
     #[arg(long, env = "HYDRATOR_CONCURRENCY", default_value_t = config::DEFAULT_CONCURRENCY)]
     pub concurrency: usize,
@@ -93,6 +107,36 @@ pub struct SyncOptions {
     /// Progress display: bars on a terminal, log lines otherwise.
     #[arg(long, value_enum, env = "HYDRATOR_PROGRESS", default_value = "auto")]
     pub progress: ProgressMode,
+    /// Remove local files that are not in the source (never follows symlinks, never touches
+    /// .hydrator/, keeps paths the filters exclude).
+    #[arg(long, env = "HYDRATOR_DELETE")]
+    pub delete: bool,
+    /// Give up after this many seconds waiting for another hydrator on the same DEST
+    /// (default: wait).
+    #[arg(long, env = "HYDRATOR_LOCK_TIMEOUT")]
+    pub lock_timeout: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// The directory to check.
+    pub dest: PathBuf,
+    /// Fetch missing and corrupt files again from the manifest's source.
+    #[arg(long)]
+    pub repair: bool,
+    #[command(flatten)]
+    pub options: SyncOptions,
+}
+
+#[derive(Debug, Args)]
+pub struct SnapshotArgs {
+    /// s3://BUCKET/PREFIX/ to freeze.
+    pub source: String,
+    /// The snapshot file to write.
+    #[arg(short, long)]
+    pub output: PathBuf,
+    #[command(flatten)]
+    pub connection: ConnectionOptions,
 }
 
 #[derive(Debug, Args)]
@@ -114,26 +158,65 @@ pub struct DemoArgs {
 
 impl SyncArgs {
     pub fn into_config(self) -> Result<SyncConfig, UsageError> {
-        let source = S3Url::parse(&self.source)?;
-        let o = self.options;
-        let endpoint = o.endpoint_url.filter(|e| !e.is_empty());
-        let config = SyncConfig {
-            path_style: o.path_style.unwrap_or(endpoint.is_some()),
-            source,
-            dest: self.dest,
-            endpoint,
-            region: o.region.filter(|r| !r.is_empty()),
-            credentials: None,
-            concurrency: o.concurrency,
-            part_size: o.part_size,
-            include: o.include,
-            exclude: o.exclude,
-            io_backend: o.io_backend,
-            direct_io: o.direct_io,
-            report: o.report,
-            progress: o.progress,
+        let (source, dest, snapshot) = match (self.snapshot, self.paths.as_slice()) {
+            (Some(file), [dest]) => {
+                let snapshot = crate::snapshot::read(&file)?;
+                (
+                    snapshot.url(),
+                    PathBuf::from(dest),
+                    Some(std::sync::Arc::new(snapshot)),
+                )
+            }
+            (Some(_), _) => return Err(UsageError::new("with --snapshot, give only DEST")),
+            (None, [source, dest]) => (S3Url::parse(source)?, PathBuf::from(dest), None),
+            (None, _) => {
+                return Err(UsageError::new(
+                    "expected SOURCE and DEST (or --snapshot FILE DEST)",
+                ))
+            }
         };
+        let mut config = self.options.apply(SyncConfig::new(source, dest));
+        if let (Some(snapshot), None) = (&snapshot, &config.endpoint) {
+            config.path_style = self
+                .options
+                .connection
+                .path_style
+                .unwrap_or(snapshot.endpoint.is_some());
+            config.endpoint = snapshot.endpoint.clone();
+        }
+        config.snapshot = snapshot;
         config.validate()?;
         Ok(config)
+    }
+}
+
+impl ConnectionOptions {
+    pub fn apply(&self, config: SyncConfig) -> SyncConfig {
+        let endpoint = self.endpoint_url.clone().filter(|e| !e.is_empty());
+        SyncConfig {
+            path_style: self.path_style.unwrap_or(endpoint.is_some()),
+            endpoint,
+            region: self.region.clone().filter(|r| !r.is_empty()),
+            ..config
+        }
+    }
+}
+
+impl SyncOptions {
+    /// Applies every option to `config`.
+    pub fn apply(&self, config: SyncConfig) -> SyncConfig {
+        SyncConfig {
+            concurrency: self.concurrency,
+            part_size: self.part_size,
+            include: self.include.clone(),
+            exclude: self.exclude.clone(),
+            io_backend: self.io_backend,
+            direct_io: self.direct_io,
+            report: self.report.clone(),
+            progress: self.progress,
+            delete: self.delete,
+            lock_timeout: self.lock_timeout.map(std::time::Duration::from_secs),
+            ..self.connection.apply(config)
+        }
     }
 }

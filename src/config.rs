@@ -126,9 +126,49 @@ pub struct SyncConfig {
     pub direct_io: bool,
     pub report: Option<PathBuf>,
     pub progress: ProgressMode,
+    /// Remove local files that are not in the source (`--delete`).
+    pub delete: bool,
+    /// Longest wait for another hydrator working on DEST; `None` waits as long as it takes.
+    pub lock_timeout: Option<Duration>,
+    /// Hydrate exactly this snapshot instead of the live listing.
+    pub snapshot: Option<std::sync::Arc<crate::snapshot::Snapshot>>,
 }
 
 impl SyncConfig {
+    /// A config with the defaults for everything but what says where to read and write.
+    pub fn new(source: S3Url, dest: PathBuf) -> Self {
+        Self {
+            source,
+            dest,
+            endpoint: None,
+            region: None,
+            path_style: false,
+            credentials: None,
+            concurrency: DEFAULT_CONCURRENCY,
+            part_size: DEFAULT_PART_SIZE,
+            include: vec![],
+            exclude: vec![],
+            io_backend: IoBackendChoice::Auto,
+            direct_io: false,
+            report: None,
+            progress: ProgressMode::Auto,
+            delete: false,
+            lock_timeout: None,
+            snapshot: None,
+        }
+    }
+
+    /// What the manifest records as the dataset's source.
+    pub fn source_info(&self) -> crate::manifest::journal::SourceInfo {
+        crate::manifest::journal::SourceInfo {
+            endpoint: self.endpoint.clone(),
+            bucket: self.source.bucket.clone(),
+            prefix: self.source.prefix.clone(),
+            include: self.include.clone(),
+            exclude: self.exclude.clone(),
+        }
+    }
+
     pub fn validate(&self) -> Result<(), UsageError> {
         if self.part_size < MIN_PART_SIZE || !self.part_size.is_power_of_two() {
             return Err(UsageError::new(format!(

@@ -8,7 +8,7 @@ pub mod server;
 use std::path::PathBuf;
 
 use crate::cli::DemoArgs;
-use crate::config::{self, S3Url, SyncConfig};
+use crate::config::{S3Url, SyncConfig};
 use crate::engine::{self, Outcome};
 use crate::error::{Exit, SyncError};
 
@@ -45,23 +45,18 @@ pub async fn run(args: DemoArgs) -> Result<Outcome, SyncError> {
         dest.display()
     );
     let cfg = SyncConfig {
-        source: S3Url {
-            bucket: BUCKET.into(),
-            prefix: PREFIX.into(),
-        },
-        dest: dest.clone(),
         endpoint: Some(server.endpoint.clone()),
-        region: None,
         path_style: true,
         credentials: Some(server.credentials.clone()),
-        concurrency: config::DEFAULT_CONCURRENCY,
-        part_size: config::DEFAULT_PART_SIZE,
-        include: vec![],
-        exclude: vec![],
         io_backend: args.io_backend,
-        direct_io: false,
-        report: None,
         progress: args.progress,
+        ..SyncConfig::new(
+            S3Url {
+                bucket: BUCKET.into(),
+                prefix: PREFIX.into(),
+            },
+            dest.clone(),
+        )
     };
     let mut outcome = engine::run(cfg).await?;
     if outcome.exit == Exit::Success {

@@ -8,12 +8,16 @@
 //! files atomically in durable batches → `report` says what happened.
 
 pub mod cli;
+pub mod commands;
 pub mod config;
 pub mod demo;
 pub mod engine;
 pub mod error;
 pub mod hash;
+pub mod manifest;
 pub mod plan;
 pub mod report;
+pub mod snapshot;
 pub mod source;
+pub mod verify;
 pub mod write;

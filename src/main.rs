@@ -4,6 +4,7 @@ use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
 use hydrator::cli::{Cli, Command, LogFormat};
+use hydrator::commands::print_outcome;
 use hydrator::error::Exit;
 
 fn main() -> ExitCode {
@@ -21,21 +22,16 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Sync(args) => hydrator::engine::run(args.into_config()?).await,
-            Command::Demo(args) => hydrator::demo::run(args).await,
+            Command::Sync(args) => hydrator::engine::run(args.into_config()?)
+                .await
+                .map(print_outcome),
+            Command::Demo(args) => hydrator::demo::run(args).await.map(print_outcome),
+            Command::Verify(args) => hydrator::commands::verify(args).await,
+            Command::Snapshot(args) => hydrator::commands::snapshot(args).await,
         }
     });
     match result {
-        Ok(outcome) => {
-            if let Some(error) = &outcome.summary.error {
-                eprintln!("hydrator: error: {error}");
-            }
-            for failure in outcome.summary.failures.iter().take(20) {
-                eprintln!("hydrator: failed: {}: {}", failure.key, failure.reason);
-            }
-            println!("{}", outcome.summary.one_line());
-            outcome.exit.into()
-        }
+        Ok(exit) => exit.into(),
         Err(err) => {
             eprintln!("hydrator: error: {err}");
             err.exit().into()

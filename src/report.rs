@@ -49,6 +49,8 @@ pub struct ObjectCounts {
     pub failed: u64,
     pub filtered_out: u64,
     pub directory_markers: u64,
+    /// Local files removed by `--delete`.
+    pub deleted: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -57,6 +59,8 @@ pub struct ByteCounts {
     pub total: u64,
     pub downloaded: u64,
     pub skipped: u64,
+    /// Bytes of interrupted downloads resumed from durable parts (not fetched again).
+    pub resumed: u64,
     /// Bytes received from the server, retried bytes included.
     pub received: u64,
 }

@@ -15,8 +15,10 @@
 pub mod buffer;
 pub mod commit;
 pub mod dest;
+pub mod prune;
 mod pwrite;
 mod uring;
+pub mod walk;
 
 use std::fs::File;
 use std::io;

@@ -8,7 +8,7 @@ use aws_sdk_s3::primitives::ByteStream;
 use futures::{StreamExt, TryStreamExt};
 
 use super::server::EmbeddedS3;
-use crate::config::{SyncConfig, DEFAULT_PART_SIZE};
+use crate::config::{S3Url, SyncConfig, DEFAULT_PART_SIZE};
 use crate::source::client;
 
 /// Uploads in flight while seeding.
@@ -60,23 +60,17 @@ pub async fn seed(
     total: u64,
 ) -> Result<Vec<ExpectedFile>, String> {
     let client = client::build(&SyncConfig {
-        source: crate::config::S3Url {
-            bucket: bucket.into(),
-            prefix: prefix.into(),
-        },
-        dest: Default::default(),
         endpoint: Some(server.endpoint.clone()),
-        region: None,
         path_style: true,
         credentials: Some(server.credentials.clone()),
         concurrency: UPLOADS,
-        part_size: DEFAULT_PART_SIZE,
-        include: vec![],
-        exclude: vec![],
-        io_backend: crate::config::IoBackendChoice::Pwrite,
-        direct_io: false,
-        report: None,
-        progress: crate::config::ProgressMode::None,
+        ..SyncConfig::new(
+            S3Url {
+                bucket: bucket.into(),
+                prefix: prefix.into(),
+            },
+            Default::default(),
+        )
     })
     .await;
     client

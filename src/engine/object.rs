@@ -1,11 +1,15 @@
-//! One object: skip it when DEST already holds it, otherwise fetch its parts concurrently into
+//! One object: skip it when the manifest proves DEST already holds it, resume its durable parts
+//! when an earlier run was cut short, otherwise fetch its parts concurrently into
 //! `.NAME.partial`, merge the part hashes, and publish through the batch committer. An object
-//! that changes on the server mid-download is started again from scratch, never mixed.
+//! that changes on the server mid-download is started again from scratch, never mixed (in
+//! snapshot mode it is an error instead: the snapshot pins the version).
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use blake3::hazmat::ChainingValue;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::JoinSet;
 
@@ -15,12 +19,13 @@ use super::stats::Stats;
 use crate::config::MAX_OBJECT_RESTARTS;
 use crate::error::PartError;
 use crate::hash::{merge_parts, PartDigest};
+use crate::manifest::ObjectState;
 use crate::plan::keys::RelPath;
 use crate::plan::parts::part_ranges;
 use crate::report::{FileRecord, FileStatus};
 use crate::source::fetch::{head, PinnedObject};
 use crate::source::list::ObjectEntry;
-use crate::write::dest::{self, Dest};
+use crate::write::dest::{self, unix_nanos};
 
 /// Mirrors one listed object; the error names the reason for a person.
 ///
@@ -32,15 +37,15 @@ pub async fn mirror_object(
     rel: RelPath,
     slot: OwnedSemaphorePermit,
 ) -> Result<FileRecord, String> {
-    let record = |size, hash: Option<String>, status| FileRecord {
+    let record = |size, hash: [u8; 32], status| FileRecord {
         key: entry.key.clone(),
         path: rel.to_string(),
         size,
-        blake3: hash,
+        blake3: Some(crate::manifest::hex(&hash)),
         status,
     };
     if let Some(hash) =
-        up_to_date(&ctx.dest, &rel, &entry).map_err(|err| format!("checking {rel}: {err}"))?
+        up_to_date(&ctx, &rel, &entry).map_err(|err| format!("checking {rel}: {err}"))?
     {
         return Ok(record(entry.size, hash, FileStatus::Skipped));
     }
@@ -57,14 +62,20 @@ pub async fn mirror_object(
             Ok(hash) => {
                 drop(slot);
                 ctx.committer
-                    .publish(rel.clone())
+                    .publish(rel.clone(), entry.key.clone(), object.etag.clone(), hash)
                     .await
                     .map_err(|err| format!("publishing {rel}: {err}"))?;
                 return Ok(record(
                     object.size,
-                    Some(hash.to_hex().to_string()),
+                    *hash.as_bytes(),
                     FileStatus::Downloaded,
                 ));
+            }
+            Err(PartError::Changed) if ctx.pinned => {
+                return Err(format!(
+                    "the object changed on the server since the snapshot (snapshot ETag {})",
+                    object.etag
+                ))
             }
             Err(PartError::Changed) if restarts < MAX_OBJECT_RESTARTS => {
                 restarts += 1;
@@ -78,8 +89,7 @@ pub async fn mirror_object(
             }
             Err(PartError::Changed) => {
                 return Err(format!(
-                    "the object kept changing on the server ({} restarts)",
-                    MAX_OBJECT_RESTARTS
+                    "the object kept changing on the server ({MAX_OBJECT_RESTARTS} restarts)"
                 ))
             }
             Err(err) => return Err(err.to_string()),
@@ -87,22 +97,26 @@ pub async fn mirror_object(
     }
 }
 
-/// `Some(hash if known)` when the final file already matches the listing (size and mtime).
-fn up_to_date(
-    dest: &Dest,
-    rel: &RelPath,
-    entry: &ObjectEntry,
-) -> std::io::Result<Option<Option<String>>> {
-    let Some(modified) = entry.last_modified else {
+/// The file's hash when the manifest says it is published at this version and the file on disk
+/// is still the one published (size, mtime and inode unchanged).
+fn up_to_date(ctx: &Ctx, rel: &RelPath, entry: &ObjectEntry) -> std::io::Result<Option<[u8; 32]>> {
+    let Some(known) = ctx.manifest.lookup(&entry.key) else {
         return Ok(None);
     };
-    let Some((stat, dir)) = dest.stat_final(rel)? else {
+    let Some(done) = known.complete else {
         return Ok(None);
     };
-    if stat.size != entry.size || stat.modified != modified {
+    if known.etag != entry.etag || known.size != entry.size || known.path != rel.to_string() {
         return Ok(None);
     }
-    Ok(Some(dest::hash_xattr_at(&dir, rel.file_name())))
+    let Some(stat) = ctx.dest.stat_final(rel)? else {
+        return Ok(None);
+    };
+    if stat.size != entry.size || stat.inode != done.inode || stat.mtime_ns != done.mtime_ns {
+        return Ok(None);
+    }
+    ctx.manifest.mark_seen(&entry.key);
+    Ok(Some(done.blake3))
 }
 
 async fn download(
@@ -111,39 +125,74 @@ async fn download(
     rel: &RelPath,
     modified: Option<SystemTime>,
 ) -> Result<blake3::Hash, PartError> {
-    let (dir, file) = {
+    let state = ObjectState {
+        path: rel.to_string(),
+        size: object.size,
+        etag: object.etag.clone(),
+        last_modified_ns: modified.map(unix_nanos),
+        part_size: ctx.part_size,
+        parts: BTreeMap::new(),
+        complete: None,
+        seen: false,
+    };
+    let resumable = ctx.manifest.lookup(&object.key).filter(|known| {
+        known.complete.is_none()
+            && !known.parts.is_empty()
+            && (&known.etag, known.size, known.part_size)
+                == (&state.etag, state.size, state.part_size)
+    });
+    let (dir, file, resumed) = {
         let (dest, rel, size, direct) = (ctx.dest.clone(), rel.clone(), object.size, ctx.direct_io);
         blocking(move || {
+            if let Some(known) = resumable {
+                let reopened = dest
+                    .reopen_partial(&rel, direct, size)
+                    .map_err(|e| (format!("reopening {rel}"), e))?;
+                if let Some((dir, file)) = reopened {
+                    return Ok((dir, file, known.parts));
+                }
+            }
             let (dir, file) = dest
                 .create_partial(&rel, direct)
                 .map_err(|e| (format!("creating {rel}"), e))?;
             dest::preallocate(&file, size)
                 .map_err(|e| (format!("reserving {size} bytes for {rel}"), e))?;
-            Ok((dir, file))
+            Ok((dir, file, BTreeMap::new()))
         })
         .await?
     };
+    if resumed.is_empty() {
+        ctx.manifest
+            .start_object(&object.key, &state)
+            .map_err(|err| PartError::Fatal(format!("recording {rel} in the manifest: {err}")))?;
+    }
     let file = Arc::new(file);
-    match fetch_all_parts(ctx, &object, &file).await {
+    match fetch_all_parts(ctx, &object, &file, &resumed).await {
         Ok(hash) => {
             let (size, direct) = (object.size, ctx.direct_io);
             blocking(move || {
-                finish_file(&file, size, direct, modified, &hash)
+                finish_file(&file, size, direct, modified)
                     .map_err(|e| (format!("finishing {size}-byte file"), e))
             })
             .await?;
             Ok(hash)
         }
         Err(err) => {
-            let partial = rel.partial_name();
-            let _ = blocking(move || {
-                dest::unlink_at(
-                    &dir,
-                    &dest::cstring(&partial).map_err(|e| (String::new(), e))?,
-                )
-                .map_err(|e| (String::new(), e))
-            })
-            .await;
+            // Keep a partial file whose durable parts a later run can resume; drop one that has
+            // none or holds another version.
+            let keep = !matches!(err, PartError::Changed)
+                && ctx
+                    .manifest
+                    .lookup(&object.key)
+                    .is_some_and(|o| !o.parts.is_empty());
+            if !keep {
+                let partial = rel.partial_name();
+                let _ = blocking(move || {
+                    let name = dest::cstring(&partial).map_err(|e| (String::new(), e))?;
+                    dest::unlink_at(&dir, &name).map_err(|e| (String::new(), e))
+                })
+                .await;
+            }
             Err(err)
         }
     }
@@ -153,14 +202,21 @@ async fn fetch_all_parts(
     ctx: &Arc<Ctx>,
     object: &Arc<PinnedObject>,
     file: &Arc<File>,
+    resumed: &BTreeMap<u32, ChainingValue>,
 ) -> Result<blake3::Hash, PartError> {
     if object.size == 0 {
         return Ok(blake3::hash(b""));
     }
     let ranges: Vec<_> = part_ranges(object.size, ctx.part_size).collect();
     let whole_object = ranges.len() == 1;
+    let mut digests: Vec<Option<PartDigest>> = vec![None; ranges.len()];
     let mut parts = JoinSet::new();
     for (index, range) in ranges.iter().cloned().enumerate() {
+        if let (false, Some(cv)) = (whole_object, resumed.get(&(index as u32))) {
+            digests[index] = Some(PartDigest::Subtree(*cv));
+            Stats::add(&ctx.stats.bytes_resumed, range.end - range.start);
+            continue;
+        }
         let target = PartTarget {
             file: file.clone(),
             pad_tail: ctx.direct_io && range.end == object.size,
@@ -170,12 +226,18 @@ async fn fetch_all_parts(
         let (ctx, object) = (ctx.clone(), object.clone());
         parts.spawn(async move { (index, fetch_part(ctx, object, target).await) });
     }
-    let mut digests: Vec<Option<PartDigest>> = vec![None; ranges.len()];
     while let Some(joined) = parts.join_next().await {
         let (index, result) =
             joined.map_err(|err| PartError::Fatal(format!("part task failed: {err}")))?;
         match result {
-            Ok(digest) => digests[index] = Some(digest),
+            Ok(digest) => {
+                if let PartDigest::Subtree(cv) = digest {
+                    let len = ranges[index].end - ranges[index].start;
+                    ctx.checkpoints
+                        .part_written(&object.key, &object.etag, index as u32, cv, len);
+                }
+                digests[index] = Some(digest);
+            }
             Err(err) => {
                 parts.abort_all();
                 return Err(err);
@@ -194,7 +256,6 @@ fn finish_file(
     size: u64,
     direct_io: bool,
     modified: Option<SystemTime>,
-    hash: &blake3::Hash,
 ) -> std::io::Result<()> {
     if direct_io {
         file.set_len(size)?; // drop the O_DIRECT padding of the last block
@@ -202,7 +263,7 @@ fn finish_file(
     if let Some(modified) = modified {
         file.set_modified(modified)?;
     }
-    dest::set_hash_xattr(file, hash)
+    Ok(())
 }
 
 /// Runs filesystem work off the async threads; an error becomes fatal for the object.

@@ -1,25 +1,31 @@
 //! A whole sync: set up, stream the listing into object tasks, gather results, report.
 
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
+use super::checkpoint::{self, Checkpoints};
 use super::object::mirror_object;
 use super::progress::Progress;
 use super::stats::Stats;
 use crate::config::{SyncConfig, WRITE_BUFFER_SIZE};
 use crate::error::{Exit, SyncError, UsageError};
+use crate::manifest::ready::{self, Ready};
+use crate::manifest::{journal, lock, Manifest};
 use crate::plan::filter::KeyFilter;
 use crate::plan::keys::{plan_key, KeyPlan};
 use crate::report::{
     ByteCounts, Failure, FileRecord, FileStatus, ObjectCounts, ReportSink, Summary, REPORT_VERSION,
 };
+use crate::snapshot;
 use crate::source::{client, list};
 use crate::write::buffer::BufferPool;
 use crate::write::commit::Committer;
 use crate::write::dest::Dest;
+use crate::write::prune;
 use crate::write::Writers;
 
 /// Objects in progress per request slot: enough to keep every slot busy with small objects.
@@ -39,6 +45,10 @@ pub struct Ctx {
     pub request_slots: Semaphore,
     pub stats: Arc<Stats>,
     pub committer: Committer,
+    pub manifest: Arc<Manifest>,
+    pub checkpoints: Arc<Checkpoints>,
+    /// Versions are pinned by a snapshot: a changed object is an error, not a restart.
+    pub pinned: bool,
 }
 
 /// The result of a run that got as far as starting.
@@ -58,6 +68,15 @@ pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
             cfg.dest.display()
         ))
     })?;
+    let state_dir = dest.state_dir().map_err(|err| {
+        UsageError::new(format!(
+            "cannot use {}/.hydrator: {err}",
+            cfg.dest.display()
+        ))
+    })?;
+    if let Some(outcome) = snapshot_already_there(&cfg, &state_dir, started) {
+        return Ok(outcome);
+    }
     let mut sink = ReportSink::new(cfg.report.as_deref()).map_err(|err| {
         UsageError::new(format!(
             "cannot write the report next to {:?}: {err}",
@@ -65,21 +84,34 @@ pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
         ))
     })?;
     let writers = Writers::start(cfg.io_backend)?;
+    let _lock = lock::acquire(&state_dir, cfg.lock_timeout).await?;
+    let manifest = Manifest::open(&dest, &cfg.source_info()).map_err(|err| {
+        SyncError::Local(format!(
+            "opening the manifest in {}/.hydrator: {err}",
+            cfg.dest.display()
+        ))
+    })?;
+    ready::remove(&state_dir).map_err(|err| SyncError::Local(format!("removing READY: {err}")))?;
     tracing::info!(backend = %writers.backend, "writing with {}", writers.backend);
     let dest = Arc::new(dest);
-    let committer = Committer::start(dest.clone());
+    let manifest = Arc::new(manifest);
+    let checkpoints = Arc::new(Checkpoints::default());
+    let checkpointer = checkpoint::spawn(checkpoints.clone(), dest.clone(), manifest.clone());
     let stats = Arc::new(Stats::default());
     let ctx = Arc::new(Ctx {
         client: client::build(&cfg).await,
         bucket: cfg.source.bucket.clone(),
         part_size: cfg.part_size,
         direct_io: cfg.direct_io,
-        dest,
+        dest: dest.clone(),
         pool: BufferPool::new(cfg.buffer_count(), WRITE_BUFFER_SIZE),
         writers,
         request_slots: Semaphore::new(cfg.concurrency),
         stats: stats.clone(),
-        committer,
+        committer: Committer::start(dest.clone(), manifest.clone()),
+        manifest: manifest.clone(),
+        checkpoints: checkpoints.clone(),
+        pinned: cfg.snapshot.is_some(),
     });
     let progress = Progress::start(cfg.progress, stats.clone());
     let mut failures = Vec::new();
@@ -91,7 +123,10 @@ pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
         sink_error: None,
     };
 
-    let mut listing = list::spawn(ctx.client.clone(), cfg.source.clone());
+    let mut listing = match &cfg.snapshot {
+        Some(snapshot) => snapshot::spawn_entries(snapshot.clone()),
+        None => list::spawn(ctx.client.clone(), cfg.source.clone()),
+    };
     let object_slots = Arc::new(Semaphore::new(cfg.concurrency * OBJECTS_PER_SLOT));
     let mut tasks = JoinSet::new();
     while let Some(item) = listing.recv().await {
@@ -140,13 +175,37 @@ pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
     let sink_error = tally.sink_error.take();
     drop(listing);
     progress.finish();
-    // Every object that counts as done has awaited its own durable commit, so nothing is left
-    // to flush here; tasks of aborted objects may still be unwinding and holding `ctx`.
-    let writers = &ctx.writers;
-
+    // Every object that counts as done has awaited its own durable commit; tasks of aborted
+    // objects may still be unwinding and holding `ctx`.
+    checkpointer.abort();
+    let finished = {
+        let (checkpoints, dest, manifest) = (checkpoints.clone(), dest.clone(), manifest.clone());
+        tokio::task::spawn_blocking(move || checkpoints.flush(&dest, &manifest)).await
+    };
+    if let Ok(Err(err)) = finished {
+        tracing::warn!("recording the last durable parts failed: {err}");
+    }
     if let (None, Some(err)) = (&fatal, sink_error) {
         fatal = Some(SyncError::Local(format!("writing the report spool: {err}")));
     }
+    if fatal.is_none() && cfg.delete {
+        match prune::remove_unlisted(&dest, &manifest, &filter) {
+            Ok(removed) => stats
+                .files_deleted
+                .store(removed, std::sync::atomic::Ordering::Relaxed),
+            Err(err) => fatal = Some(SyncError::Local(format!("--delete: {err}"))),
+        }
+    }
+    let failed = Stats::get(&stats.objects_failed);
+    if fatal.is_none() && failed == 0 {
+        if let Err(err) = write_ready(&cfg, &state_dir, &manifest) {
+            fatal = Some(SyncError::Local(format!("writing READY: {err}")));
+        }
+    }
+    if let Err(err) = manifest.compact_if_grown() {
+        tracing::warn!("compacting the manifest: {err}");
+    }
+    let writers = &ctx.writers;
     let failed = Stats::get(&stats.objects_failed);
     let exit = match &fatal {
         Some(err) => err.exit(),
@@ -173,11 +232,13 @@ pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
             failed,
             filtered_out: Stats::get(&stats.objects_filtered),
             directory_markers: Stats::get(&stats.directory_markers),
+            deleted: Stats::get(&stats.files_deleted),
         },
         bytes: ByteCounts {
             total: Stats::get(&stats.bytes_listed),
             downloaded: downloaded_bytes,
             skipped: Stats::get(&stats.bytes_skipped),
+            resumed: Stats::get(&stats.bytes_resumed),
             received: Stats::get(&stats.bytes_received),
         },
         part_retries: Stats::get(&stats.part_retries),
@@ -200,6 +261,74 @@ pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
         });
     }
     Ok(Outcome { summary, exit })
+}
+
+/// Writes READY over every object this run listed and holds.
+fn write_ready(cfg: &SyncConfig, state_dir: &OwnedFd, manifest: &Manifest) -> std::io::Result<()> {
+    let entries: Vec<(String, u64, [u8; 32])> = manifest
+        .state()
+        .objects
+        .values()
+        .filter(|o| o.seen)
+        .filter_map(|o| o.complete.map(|c| (o.path.clone(), o.size, c.blake3)))
+        .collect();
+    let (objects, bytes) = (entries.len() as u64, entries.iter().map(|e| e.1).sum());
+    ready::write(
+        state_dir,
+        &Ready {
+            version: journal::FORMAT_VERSION,
+            digest: ready::dataset_digest(entries).to_hex().to_string(),
+            objects,
+            bytes,
+            source: cfg.source.to_string(),
+            snapshot: cfg.snapshot.as_ref().map(|s| s.digest.clone()),
+            completed_at: ready::now_rfc3339(),
+        },
+    )
+}
+
+/// With `--snapshot`, a DEST whose READY names the same snapshot is done: no lock, no S3 request.
+fn snapshot_already_there(
+    cfg: &SyncConfig,
+    state_dir: &OwnedFd,
+    started: Instant,
+) -> Option<Outcome> {
+    let snapshot = cfg.snapshot.as_ref()?;
+    let ready = ready::read(state_dir)
+        .filter(|r| r.snapshot.as_deref() == Some(snapshot.digest.as_str()))?;
+    tracing::info!("DEST already holds snapshot {} (READY)", snapshot.digest);
+    let summary = Summary {
+        version: REPORT_VERSION,
+        source: cfg.source.to_string(),
+        dest: cfg.dest.display().to_string(),
+        result: "complete",
+        error: None,
+        objects: ObjectCounts {
+            listed: ready.objects,
+            total: ready.objects,
+            skipped: ready.objects,
+            ..Default::default()
+        },
+        bytes: ByteCounts {
+            total: ready.bytes,
+            skipped: ready.bytes,
+            ..Default::default()
+        },
+        part_retries: 0,
+        object_restarts: 0,
+        io_backend: crate::write::Backend::Pwrite,
+        io_backend_fallback_reason: None,
+        duration_seconds: started.elapsed().as_secs_f64(),
+        throughput_bytes_per_second: 0.0,
+        failures: vec![],
+    };
+    if let Some(report) = &cfg.report {
+        let _ = ReportSink::new(Some(report)).and_then(|sink| sink.finish(&summary));
+    }
+    Some(Outcome {
+        summary,
+        exit: Exit::Success,
+    })
 }
 
 /// Books finished objects into the counters, the report and the failure list.

@@ -16,8 +16,12 @@ pub struct Stats {
     /// Bytes of files committed by this run.
     pub bytes_downloaded: AtomicU64,
     pub bytes_skipped: AtomicU64,
+    /// Bytes of parts made durable by an earlier, interrupted run and not fetched again.
+    pub bytes_resumed: AtomicU64,
     /// Part attempts repeated after a broken body or an error the SDK gave up on.
     pub part_retries: AtomicU64,
+    /// Local files removed by `--delete`.
+    pub files_deleted: AtomicU64,
     /// Objects started again because they changed on the server.
     pub object_restarts: AtomicU64,
 }

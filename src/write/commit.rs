@@ -5,7 +5,8 @@
 //! call), `rename` each to its final name, `syncfs` again (the renames durable). Only then is
 //! each file reported done. One batch costs two filesystem syncs however many files it holds,
 //! so small files do not pay one journal commit each, while a file still appears under its
-//! final name only once it is whole, hashed and on disk.
+//! final name only once it is whole, hashed and on disk. The manifest's `Complete` records of
+//! a batch are written and synced after the second `syncfs`.
 
 use std::io;
 use std::sync::Arc;
@@ -13,7 +14,8 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::dest::{self, Dest};
+use super::dest::{self, Dest, FinalStat};
+use crate::manifest::{Completed, Manifest};
 use crate::plan::keys::RelPath;
 
 /// Most files in one batch.
@@ -26,6 +28,9 @@ const BATCH_WINDOW: Duration = Duration::from_millis(100);
 /// only, not file descriptors.
 struct Job {
     rel: RelPath,
+    key: String,
+    etag: String,
+    hash: blake3::Hash,
     done: oneshot::Sender<io::Result<()>>,
 }
 
@@ -37,16 +42,29 @@ pub struct Committer {
 
 impl Committer {
     /// Starts the committer task; it ends when the last handle is dropped.
-    pub fn start(dest: Arc<Dest>) -> Self {
+    pub fn start(dest: Arc<Dest>, manifest: Arc<Manifest>) -> Self {
         let (tx, rx) = mpsc::channel(BATCH_FILES);
-        tokio::spawn(run(dest, rx));
+        tokio::spawn(run(dest, manifest, rx));
         Self { tx }
     }
 
-    /// Publishes `rel`'s partial file under its final name; returns once that is durable.
-    pub async fn publish(&self, rel: RelPath) -> io::Result<()> {
+    /// Publishes `rel`'s partial file (object `key` at `etag`, hashing to `hash`) under its
+    /// final name; returns once that and its manifest record are durable.
+    pub async fn publish(
+        &self,
+        rel: RelPath,
+        key: String,
+        etag: String,
+        hash: blake3::Hash,
+    ) -> io::Result<()> {
         let (done, wait) = oneshot::channel();
-        let job = Job { rel, done };
+        let job = Job {
+            rel,
+            key,
+            etag,
+            hash,
+            done,
+        };
         self.tx
             .send(job)
             .await
@@ -56,7 +74,7 @@ impl Committer {
     }
 }
 
-async fn run(dest: Arc<Dest>, mut rx: mpsc::Receiver<Job>) {
+async fn run(dest: Arc<Dest>, manifest: Arc<Manifest>, mut rx: mpsc::Receiver<Job>) {
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
         let deadline = tokio::time::Instant::now() + BATCH_WINDOW;
@@ -66,15 +84,16 @@ async fn run(dest: Arc<Dest>, mut rx: mpsc::Receiver<Job>) {
                 Ok(None) | Err(_) => break,
             }
         }
-        let dest = dest.clone();
-        let committed = tokio::task::spawn_blocking(move || commit_batch(&dest, batch)).await;
+        let (dest, manifest) = (dest.clone(), manifest.clone());
+        let committed =
+            tokio::task::spawn_blocking(move || commit_batch(&dest, &manifest, batch)).await;
         if let Err(err) = committed {
             tracing::error!("commit batch panicked: {err}");
         }
     }
 }
 
-fn commit_batch(dest: &Dest, batch: Vec<Job>) {
+fn commit_batch(dest: &Dest, manifest: &Manifest, batch: Vec<Job>) {
     if let Err(err) = dest.sync_filesystem() {
         let msg = format!("syncing {}: {err}", dest.path().display());
         for job in batch {
@@ -85,23 +104,34 @@ fn commit_batch(dest: &Dest, batch: Vec<Job>) {
     let mut renamed = Vec::with_capacity(batch.len());
     for job in batch {
         match publish_one(dest, &job.rel) {
-            Ok(()) => renamed.push(job.done),
+            Ok(stat) => renamed.push((job, stat)),
             Err(err) => {
                 let _ = job.done.send(Err(err));
             }
         }
     }
-    let synced = dest.sync_filesystem();
-    for done in renamed {
-        let _ = done.send(match &synced {
+    let synced = dest.sync_filesystem().and_then(|()| {
+        for (job, stat) in &renamed {
+            let completed = Completed {
+                blake3: *job.hash.as_bytes(),
+                inode: stat.inode,
+                mtime_ns: stat.mtime_ns,
+            };
+            manifest.complete(&job.key, &job.etag, completed)?;
+        }
+        manifest.sync()
+    });
+    for (job, _) in renamed {
+        let _ = job.done.send(match &synced {
             Ok(()) => Ok(()),
             Err(err) => Err(io::Error::new(err.kind(), err.to_string())),
         });
     }
 }
 
-/// Renames `rel`'s partial file to its final name; on failure the partial file is removed.
-fn publish_one(dest: &Dest, rel: &RelPath) -> io::Result<()> {
+/// Renames `rel`'s partial file to its final name and returns what is now there; on failure
+/// the partial file is removed.
+fn publish_one(dest: &Dest, rel: &RelPath) -> io::Result<FinalStat> {
     let dir = dest
         .open_parent(rel, false)?
         .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "its directory vanished"))?;
@@ -110,5 +140,11 @@ fn publish_one(dest: &Dest, rel: &RelPath) -> io::Result<()> {
         if let Ok(name) = dest::cstring(&partial) {
             let _ = dest::unlink_at(&dir, &name);
         }
+    })?;
+    dest::stat_regular_at(&dir, rel.file_name())?.ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            "the file vanished right after its rename",
+        )
     })
 }

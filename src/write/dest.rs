@@ -10,13 +10,10 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use crate::plan::keys::RelPath;
+use crate::plan::keys::{RelPath, STATE_DIR};
 
 const DIR_MODE: libc::mode_t = 0o755;
 const FILE_MODE: libc::mode_t = 0o644;
-/// Extended attribute holding a committed file's BLAKE3, so an unchanged file that is skipped
-/// on a later run can still be reported with its hash.
-pub const HASH_XATTR: &str = "user.hydrator.blake3";
 
 /// An open DEST directory.
 pub struct Dest {
@@ -25,9 +22,27 @@ pub struct Dest {
 }
 
 /// What is at a file's final name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FinalStat {
     pub size: u64,
-    pub modified: SystemTime,
+    pub mtime_ns: u64,
+    pub inode: u64,
+}
+
+impl FinalStat {
+    fn of(st: &libc::stat) -> Self {
+        Self {
+            size: st.st_size as u64,
+            mtime_ns: st.st_mtime as u64 * 1_000_000_000 + st.st_mtime_nsec as u64,
+            inode: st.st_ino,
+        }
+    }
+}
+
+/// Nanoseconds since the epoch, as kept in the manifest.
+pub fn unix_nanos(time: SystemTime) -> u64 {
+    time.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 impl Dest {
@@ -70,44 +85,95 @@ impl Dest {
         Ok(Some(dir))
     }
 
-    /// Size and mtime of the regular file at `rel`'s final name, if there is one.
-    pub fn stat_final(&self, rel: &RelPath) -> io::Result<Option<(FinalStat, OwnedFd)>> {
+    /// Size, mtime and inode of the regular file at `rel`'s final name, if there is one.
+    pub fn stat_final(&self, rel: &RelPath) -> io::Result<Option<FinalStat>> {
         let Some(dir) = self.open_parent(rel, false)? else {
             return Ok(None);
         };
-        let name = cstring(rel.file_name())?;
-        // SAFETY: an all-zero stat is a valid value for fstatat to overwrite.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: valid dirfd, NUL-terminated name, writable stat.
-        let rc = unsafe {
-            libc::fstatat(
-                dir.as_raw_fd(),
-                name.as_ptr(),
-                &mut st,
-                libc::AT_SYMLINK_NOFOLLOW,
-            )
-        };
-        if rc != 0 {
-            let err = io::Error::last_os_error();
-            return match err.kind() {
-                io::ErrorKind::NotFound => Ok(None),
-                _ => Err(err),
-            };
-        }
-        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-            return Ok(None);
-        }
-        let modified = SystemTime::UNIX_EPOCH
-            + std::time::Duration::new(st.st_mtime as u64, st.st_mtime_nsec as u32);
-        Ok(Some((
-            FinalStat {
-                size: st.st_size as u64,
-                modified,
-            },
-            dir,
-        )))
+        stat_regular_at(&dir, rel.file_name())
     }
 
+    /// Opens the file at `rel`'s final name for reading, never through a symlink.
+    pub fn open_final(&self, rel: &RelPath) -> io::Result<Option<File>> {
+        let Some(dir) = self.open_parent(rel, false)? else {
+            return Ok(None);
+        };
+        match open_at(
+            &dir,
+            &cstring(rel.file_name())?,
+            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        ) {
+            Ok(file) => Ok(Some(file)),
+            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Reopens an earlier run's `.NAME.partial` to resume it, if it exists with `size` bytes.
+    pub fn reopen_partial(
+        &self,
+        rel: &RelPath,
+        direct_io: bool,
+        size: u64,
+    ) -> io::Result<Option<(OwnedFd, File)>> {
+        let Some(dir) = self.open_parent(rel, false)? else {
+            return Ok(None);
+        };
+        let partial = rel.partial_name();
+        match stat_regular_at(&dir, &partial)? {
+            Some(stat) if stat.size == size => {}
+            _ => return Ok(None),
+        }
+        let mut flags = libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+        if direct_io {
+            flags |= libc::O_DIRECT;
+        }
+        let file = open_at(&dir, &cstring(&partial)?, flags)?;
+        Ok(Some((dir, file)))
+    }
+
+    /// Opens (creating it if needed) DEST's `.hydrator` state directory, never through a symlink.
+    pub fn state_dir(&self) -> io::Result<OwnedFd> {
+        let name = cstring(STATE_DIR)?;
+        mkdir_at(&self.root, &name)?;
+        open_dir_at(&self.root, &name).map_err(|err| in_the_way(err, STATE_DIR))
+    }
+
+    /// The DEST directory itself.
+    pub fn root(&self) -> &OwnedFd {
+        &self.root
+    }
+}
+
+/// Stat of the regular file `name` in `dir` (not following symlinks); `None` if absent or not
+/// a regular file.
+pub fn stat_regular_at(dir: &OwnedFd, name: &str) -> io::Result<Option<FinalStat>> {
+    let name = cstring(name)?;
+    // SAFETY: an all-zero stat is a valid value for fstatat to overwrite.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid dirfd, NUL-terminated name, writable stat.
+    let rc = unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if rc != 0 {
+        let err = io::Error::last_os_error();
+        return match err.kind() {
+            io::ErrorKind::NotFound => Ok(None),
+            _ => Err(err),
+        };
+    }
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Ok(None);
+    }
+    Ok(Some(FinalStat::of(&st)))
+}
+
+impl Dest {
     /// Creates `.NAME.partial` next to `rel`'s final name, replacing whatever was there
     /// (an earlier run's leftover, or a planted symlink) without following it.
     pub fn create_partial(&self, rel: &RelPath, direct_io: bool) -> io::Result<(OwnedFd, File)> {
@@ -165,48 +231,6 @@ pub fn preallocate(file: &File, len: u64) -> io::Result<()> {
     }
 }
 
-/// Stores the file's BLAKE3 in an extended attribute; filesystems without user xattrs skip it.
-pub fn set_hash_xattr(file: &File, hash: &blake3::Hash) -> io::Result<()> {
-    let name = cstring(HASH_XATTR)?;
-    let value = hash.to_hex();
-    // SAFETY: valid fd, NUL-terminated name, value pointer and length from a live buffer.
-    let rc = unsafe {
-        libc::fsetxattr(
-            file.as_raw_fd(),
-            name.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            0,
-        )
-    };
-    match check(rc) {
-        Err(err) if matches!(err.raw_os_error(), Some(libc::ENOTSUP) | Some(libc::EPERM)) => Ok(()),
-        other => other,
-    }
-}
-
-/// Reads the hash stored by `set_hash_xattr` from `name` in `dir`, if any.
-pub fn hash_xattr_at(dir: &OwnedFd, name: &str) -> Option<String> {
-    let file = open_at(
-        dir,
-        &cstring(name).ok()?,
-        libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-    )
-    .ok()?;
-    let attr = cstring(HASH_XATTR).ok()?;
-    let mut value = [0u8; 64];
-    // SAFETY: valid fd, NUL-terminated name, writable buffer of the given length.
-    let n = unsafe {
-        libc::fgetxattr(
-            file.as_raw_fd(),
-            attr.as_ptr(),
-            value.as_mut_ptr().cast(),
-            value.len(),
-        )
-    };
-    (n == 64).then(|| String::from_utf8_lossy(&value).into_owned())
-}
-
 /// Renames `.NAME.partial` to NAME inside `dir`. A directory at NAME is a key conflict.
 pub fn publish(dir: &OwnedFd, partial: &str, name: &str) -> io::Result<()> {
     let (from, to) = (cstring(partial)?, cstring(name)?);
@@ -256,9 +280,39 @@ fn open_dir_at(dir: &OwnedFd, name: &CString) -> io::Result<OwnedFd> {
     .map(OwnedFd::from)
 }
 
+/// Opens `name` in `dir` with `flags` (`O_NOFOLLOW` and `O_CLOEXEC` are added; created files get
+/// mode 0644).
+pub fn open_in(dir: &OwnedFd, name: &str, flags: libc::c_int) -> io::Result<File> {
+    open_at(
+        dir,
+        &cstring(name)?,
+        flags | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+    )
+}
+
+/// Renames `from` to `to` inside `dir`.
+pub fn rename_in(dir: &OwnedFd, from: &str, to: &str) -> io::Result<()> {
+    let (from, to) = (cstring(from)?, cstring(to)?);
+    // SAFETY: valid dirfd and NUL-terminated names.
+    check(unsafe { libc::renameat(dir.as_raw_fd(), from.as_ptr(), dir.as_raw_fd(), to.as_ptr()) })
+}
+
+/// Makes the entries of `dir` (creations, renames, removals) durable.
+pub fn sync_dir(dir: &OwnedFd) -> io::Result<()> {
+    // SAFETY: valid fd.
+    check(unsafe { libc::fsync(dir.as_raw_fd()) })
+}
+
 fn open_at(dir: &OwnedFd, name: &CString, flags: libc::c_int) -> io::Result<File> {
-    // SAFETY: valid dirfd and NUL-terminated name.
-    let fd = unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), flags) };
+    // SAFETY: valid dirfd and NUL-terminated name; the mode is used only with O_CREAT.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            flags,
+            FILE_MODE as libc::c_uint,
+        )
+    };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -325,7 +379,7 @@ mod tests {
             std::fs::read(root.path().join("a/b/c.bin")).unwrap(),
             b"hello"
         );
-        let (stat, _) = dest.stat_final(&path).unwrap().unwrap();
+        let stat = dest.stat_final(&path).unwrap().unwrap();
         assert_eq!(stat.size, 5);
         assert!(dest.stat_final(&rel("a/none")).unwrap().is_none());
     }

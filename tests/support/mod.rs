@@ -229,7 +229,8 @@ pub fn content(seed: u64, len: usize) -> Vec<u8> {
     hydrator::demo::dataset::content(seed, len as u64)
 }
 
-/// Every regular file under `dir` (relative path → bytes); symlinks are listed as errors.
+/// Every regular file under `dir` (relative path → bytes) but hydrator's own `.hydrator/`;
+/// symlinks and other non-files are listed with a marker content.
 pub fn read_tree(dir: &Path) -> BTreeMap<String, Vec<u8>> {
     fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, Vec<u8>>) {
         for entry in std::fs::read_dir(dir).unwrap() {
@@ -241,6 +242,9 @@ pub fn read_tree(dir: &Path) -> BTreeMap<String, Vec<u8>> {
                 .unwrap()
                 .to_string_lossy()
                 .into_owned();
+            if rel == ".hydrator" {
+                continue;
+            }
             if kind.is_dir() {
                 walk(root, &path, out);
             } else if kind.is_file() {

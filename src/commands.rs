@@ -1,0 +1,87 @@
+//! The subcommands other than `sync` and `demo`, and how a run's outcome is shown.
+
+use crate::cli::{SnapshotArgs, VerifyArgs};
+use crate::config::{S3Url, SyncConfig};
+use crate::engine::{self, Outcome};
+use crate::error::{Exit, SyncError};
+use crate::source::client;
+use crate::{snapshot, verify as check};
+
+/// Prints a sync's error, failures and closing line; returns its exit code.
+pub fn print_outcome(outcome: Outcome) -> Exit {
+    if let Some(error) = &outcome.summary.error {
+        eprintln!("hydrator: error: {error}");
+    }
+    for failure in outcome.summary.failures.iter().take(20) {
+        eprintln!("hydrator: failed: {}: {}", failure.key, failure.reason);
+    }
+    println!("{}", outcome.summary.one_line());
+    outcome.exit
+}
+
+pub async fn verify(args: VerifyArgs) -> Result<Exit, SyncError> {
+    let (findings, source) = check::verify(&args.dest, args.repair).await?;
+    let lists = [
+        ("missing", &findings.missing),
+        ("corrupt", &findings.corrupt),
+        ("unexpected", &findings.unexpected),
+    ];
+    for (what, paths) in lists {
+        for path in paths.iter().take(50) {
+            eprintln!("hydrator: verify: {what}: {path}");
+        }
+    }
+    println!(
+        "hydrator: verified {} files in {}: {} missing, {} corrupt, {} unexpected",
+        findings.checked,
+        args.dest.display(),
+        findings.missing.len(),
+        findings.corrupt.len(),
+        findings.unexpected.len()
+    );
+    if !args.repair {
+        return Ok(if findings.clean() {
+            Exit::Success
+        } else {
+            Exit::Failed
+        });
+    }
+    let url = S3Url {
+        bucket: source.bucket.clone(),
+        prefix: source.prefix.clone(),
+    };
+    let mut config = args.options.apply(SyncConfig::new(url, args.dest.clone()));
+    if config.endpoint.is_none() {
+        config.path_style = args
+            .options
+            .connection
+            .path_style
+            .unwrap_or(source.endpoint.is_some());
+        config.endpoint = source.endpoint;
+    }
+    if config.include.is_empty() && config.exclude.is_empty() {
+        config.include = source.include;
+        config.exclude = source.exclude;
+    }
+    Ok(print_outcome(engine::run(config).await?))
+}
+
+pub async fn snapshot(args: SnapshotArgs) -> Result<Exit, SyncError> {
+    let url = S3Url::parse(&args.source)?;
+    let config = args
+        .connection
+        .apply(SyncConfig::new(url.clone(), Default::default()));
+    config.validate()?;
+    let client = client::build(&config).await;
+    let snapshot = snapshot::create(client, &url, config.endpoint.clone()).await?;
+    snapshot::write(&args.output, &snapshot)
+        .map_err(|e| SyncError::Local(format!("writing {}: {e}", args.output.display())))?;
+    println!(
+        "hydrator: snapshot of {url}: {} objects ({}), digest {} written to {}",
+        snapshot.objects,
+        crate::report::human_bytes(snapshot.bytes),
+        snapshot.digest,
+        args.output.display()
+    );
+    Ok(Exit::Success)
+}

@@ -1,0 +1,354 @@
+//! What DEST holds, durably: the manifest (`.hydrator/manifest.journal`), the READY marker and
+//! the lock, all inside DEST's `.hydrator/` directory.
+//!
+//! The manifest is the memory of past runs: per object, the version being mirrored, which
+//! parts are durable with their BLAKE3 chaining values (so a killed run resumes at part
+//! granularity), and for a published file its hash, inode and mtime (so a warm re-run skips it
+//! without reading it). Its state lives in memory during a run and on disk as a journal (see
+//! [`journal`]); a completed file keeps only its hash, not its parts.
+
+pub mod journal;
+pub mod lock;
+pub mod ready;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::{self, Seek, SeekFrom, Write};
+use std::os::fd::OwnedFd;
+use std::sync::{Mutex, MutexGuard};
+
+use blake3::hazmat::ChainingValue;
+
+use journal::{read_records, JournalWriter, Record, SourceInfo, FORMAT_VERSION};
+
+use crate::write::dest::{self, Dest};
+
+const JOURNAL: &str = "manifest.journal";
+const JOURNAL_TMP: &str = "manifest.journal.tmp";
+/// Compact when the journal holds this many more records than the live state needs.
+const COMPACT_SLACK: u64 = 10_000;
+
+/// A published, durable file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completed {
+    pub blake3: [u8; 32],
+    pub inode: u64,
+    pub mtime_ns: u64,
+}
+
+/// What the manifest knows of one object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectState {
+    pub path: String,
+    pub size: u64,
+    pub etag: String,
+    pub last_modified_ns: Option<u64>,
+    pub part_size: u64,
+    /// Durable parts of an unfinished download.
+    pub parts: BTreeMap<u32, ChainingValue>,
+    pub complete: Option<Completed>,
+    /// Listed (and mirrored or found up to date) by this run.
+    pub seen: bool,
+}
+
+/// The manifest's state in memory.
+#[derive(Default)]
+pub struct State {
+    pub objects: HashMap<String, ObjectState>,
+}
+
+impl State {
+    fn apply(&mut self, record: Record) {
+        match record {
+            Record::Header { .. } => {}
+            Record::Object {
+                key,
+                path,
+                size,
+                etag,
+                last_modified_ns,
+                part_size,
+            } => {
+                let object = ObjectState {
+                    path,
+                    size,
+                    etag,
+                    last_modified_ns,
+                    part_size,
+                    parts: BTreeMap::new(),
+                    complete: None,
+                    seen: false,
+                };
+                self.objects.insert(key, object);
+            }
+            Record::Parts { key, etag, parts } => {
+                if let Some(object) = self.objects.get_mut(&key).filter(|o| o.etag == etag) {
+                    for (index, cv) in parts {
+                        if let Some(cv) = parse_hex32(&cv) {
+                            object.parts.insert(index, cv);
+                        }
+                    }
+                }
+            }
+            Record::Complete {
+                key,
+                etag,
+                blake3,
+                inode,
+                mtime_ns,
+            } => {
+                if let (Some(object), Some(hash)) = (
+                    self.objects.get_mut(&key).filter(|o| o.etag == etag),
+                    parse_hex32(&blake3),
+                ) {
+                    object.parts.clear();
+                    object.complete = Some(Completed {
+                        blake3: hash,
+                        inode,
+                        mtime_ns,
+                    });
+                }
+            }
+            Record::Forget { key } => {
+                self.objects.remove(&key);
+            }
+        }
+    }
+
+    /// The records that rebuild this state.
+    fn records(&self, source: &SourceInfo) -> Vec<Record> {
+        let mut records = vec![Record::Header {
+            version: FORMAT_VERSION,
+            source: source.clone(),
+        }];
+        for (key, o) in &self.objects {
+            records.push(Record::Object {
+                key: key.clone(),
+                path: o.path.clone(),
+                size: o.size,
+                etag: o.etag.clone(),
+                last_modified_ns: o.last_modified_ns,
+                part_size: o.part_size,
+            });
+            if !o.parts.is_empty() {
+                records.push(parts_record(
+                    key,
+                    &o.etag,
+                    o.parts.iter().map(|(i, cv)| (*i, *cv)),
+                ));
+            }
+            if let Some(c) = &o.complete {
+                records.push(complete_record(key, &o.etag, c));
+            }
+        }
+        records
+    }
+}
+
+fn parts_record(
+    key: &str,
+    etag: &str,
+    parts: impl Iterator<Item = (u32, ChainingValue)>,
+) -> Record {
+    Record::Parts {
+        key: key.to_string(),
+        etag: etag.to_string(),
+        parts: parts.map(|(i, cv)| (i, hex(&cv))).collect(),
+    }
+}
+
+fn complete_record(key: &str, etag: &str, c: &Completed) -> Record {
+    Record::Complete {
+        key: key.to_string(),
+        etag: etag.to_string(),
+        blake3: hex(&c.blake3),
+        inode: c.inode,
+        mtime_ns: c.mtime_ns,
+    }
+}
+
+pub fn hex(bytes: &[u8; 32]) -> String {
+    blake3::Hash::from_bytes(*bytes).to_hex().to_string()
+}
+
+pub fn parse_hex32(text: &str) -> Option<[u8; 32]> {
+    blake3::Hash::from_hex(text).ok().map(|h| *h.as_bytes())
+}
+
+/// The open manifest of a DEST.
+pub struct Manifest {
+    dir: OwnedFd,
+    source: SourceInfo,
+    state: Mutex<State>,
+    journal: Mutex<JournalWriter>,
+}
+
+impl Manifest {
+    /// Opens DEST's manifest for `source`. A manifest of another source (endpoint, bucket or
+    /// prefix) is set aside: DEST then starts from an empty manifest.
+    pub fn open(dest: &Dest, source: &SourceInfo) -> io::Result<Self> {
+        let dir = dest.state_dir()?;
+        let mut file = dest::open_in(&dir, JOURNAL, libc::O_RDWR | libc::O_CREAT)?;
+        let (records, intact) = read_records(&mut file)?;
+        let count = records.len() as u64;
+        let mut state = State::default();
+        let mut records = records.into_iter();
+        let same_source = match records.next() {
+            Some(Record::Header {
+                version: FORMAT_VERSION,
+                source: old,
+            }) => {
+                let same = old.endpoint == source.endpoint
+                    && old.bucket == source.bucket
+                    && old.prefix == source.prefix;
+                if !same {
+                    tracing::warn!(
+                        "DEST was mirrored from s3://{}/{} before; starting a new manifest for s3://{}/{}",
+                        old.bucket, old.prefix, source.bucket, source.prefix
+                    );
+                }
+                same
+            }
+            Some(_) => {
+                tracing::warn!("the manifest has an unknown format; starting a new one");
+                false
+            }
+            None => false,
+        };
+        if same_source {
+            records.for_each(|r| state.apply(r));
+        }
+        file.set_len(intact)?;
+        file.seek(SeekFrom::End(0))?;
+        let manifest = Self {
+            dir,
+            source: source.clone(),
+            state: Mutex::new(state),
+            journal: Mutex::new(JournalWriter::new(file)),
+        };
+        if !same_source || count > manifest.state().objects.len() as u64 * 3 + COMPACT_SLACK {
+            manifest.compact()?;
+        }
+        Ok(manifest)
+    }
+
+    /// Opens the manifest of DEST as it is, whatever its source (for `verify`).
+    pub fn open_existing(dest: &Dest) -> io::Result<Option<(SourceInfo, Self)>> {
+        let dir = dest.state_dir()?;
+        let mut file = match dest::open_in(&dir, JOURNAL, libc::O_RDONLY) {
+            Ok(file) => file,
+            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(err) => return Err(err),
+        };
+        let (records, _) = read_records(&mut file)?;
+        let Some(Record::Header {
+            version: FORMAT_VERSION,
+            source,
+        }) = records.first().cloned()
+        else {
+            return Ok(None);
+        };
+        drop(file);
+        Ok(Some((source.clone(), Self::open(dest, &source)?)))
+    }
+
+    pub fn source(&self) -> &SourceInfo {
+        &self.source
+    }
+
+    pub fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().expect("manifest state lock")
+    }
+
+    pub fn lookup(&self, key: &str) -> Option<ObjectState> {
+        self.state().objects.get(key).cloned()
+    }
+
+    fn record(&self, record: Record) -> io::Result<()> {
+        self.journal.lock().expect("journal lock").append(&record)?;
+        self.state().apply(record);
+        Ok(())
+    }
+
+    /// A download of this version starts from nothing.
+    pub fn start_object(&self, key: &str, object: &ObjectState) -> io::Result<()> {
+        self.record(Record::Object {
+            key: key.to_string(),
+            path: object.path.clone(),
+            size: object.size,
+            etag: object.etag.clone(),
+            last_modified_ns: object.last_modified_ns,
+            part_size: object.part_size,
+        })
+    }
+
+    /// These parts of `key` at `etag` are durable.
+    pub fn parts_durable(
+        &self,
+        key: &str,
+        etag: &str,
+        parts: &[(u32, ChainingValue)],
+    ) -> io::Result<()> {
+        self.record(parts_record(key, etag, parts.iter().copied()))
+    }
+
+    /// `key` at `etag` is published and durable.
+    pub fn complete(&self, key: &str, etag: &str, completed: Completed) -> io::Result<()> {
+        self.record(complete_record(key, etag, &completed))?;
+        self.mark_seen(key);
+        Ok(())
+    }
+
+    pub fn forget(&self, key: &str) -> io::Result<()> {
+        self.record(Record::Forget {
+            key: key.to_string(),
+        })
+    }
+
+    pub fn mark_seen(&self, key: &str) {
+        if let Some(object) = self.state().objects.get_mut(key) {
+            object.seen = true;
+        }
+    }
+
+    /// Makes every record so far durable.
+    pub fn sync(&self) -> io::Result<()> {
+        self.journal.lock().expect("journal lock").sync()
+    }
+
+    /// Rewrites the journal as the live state: temp file, sync, rename, sync the directory.
+    pub fn compact(&self) -> io::Result<()> {
+        let mut journal = self.journal.lock().expect("journal lock");
+        let records = self.state().records(&self.source);
+        let tmp = dest::open_in(
+            &self.dir,
+            JOURNAL_TMP,
+            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
+        )?;
+        let mut writer = JournalWriter::new(tmp);
+        for record in &records {
+            writer.append(record)?;
+        }
+        writer.sync()?;
+        dest::rename_in(&self.dir, JOURNAL_TMP, JOURNAL)?;
+        dest::sync_dir(&self.dir)?;
+        let mut file: File = dest::open_in(&self.dir, JOURNAL, libc::O_RDWR)?;
+        file.seek(SeekFrom::End(0))?;
+        file.flush()?;
+        *journal = JournalWriter::new(file);
+        Ok(())
+    }
+
+    /// Compacts if this run appended many records (end of a run).
+    pub fn compact_if_grown(&self) -> io::Result<()> {
+        let appended = self.journal.lock().expect("journal lock").appended;
+        if appended > self.state().objects.len() as u64 + COMPACT_SLACK {
+            self.compact()?;
+        }
+        self.sync()
+    }
+
+    pub fn dir(&self) -> &OwnedFd {
+        &self.dir
+    }
+}

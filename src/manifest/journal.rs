@@ -1,0 +1,169 @@
+//! The manifest's on-disk form: an append-only journal of checksummed records.
+//!
+//! Each record is `u32 length (LE) | 8-byte BLAKE3 prefix of the payload | JSON payload`. A
+//! crash can leave a torn last record; reading stops at the first record that is short or whose
+//! checksum does not match, and the file is cut back to the last good record before anything
+//! is appended, so a torn tail is ignored and never trusted. Compaction writes the live state
+//! to a temporary file, syncs it and renames it over the journal.
+
+use std::fs::File;
+use std::io::{self, BufWriter, Read, Write};
+
+use serde::{Deserialize, Serialize};
+
+pub const FORMAT_VERSION: u32 = 1;
+const HEADER_LEN: usize = 12;
+/// Longest record accepted when reading; anything longer is corruption.
+const MAX_RECORD: usize = 64 << 20;
+
+/// Where a dataset comes from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceInfo {
+    pub endpoint: Option<String>,
+    pub bucket: String,
+    pub prefix: String,
+    pub include: Vec<String>,
+    pub exclude: Vec<String>,
+}
+
+/// One journal entry.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Record {
+    /// First record: format version and source.
+    Header { version: u32, source: SourceInfo },
+    /// A download of this version of the object starts; earlier parts are void.
+    Object {
+        key: String,
+        path: String,
+        size: u64,
+        etag: String,
+        last_modified_ns: Option<u64>,
+        part_size: u64,
+    },
+    /// Parts of the object's current version that are durable, with their chaining values.
+    Parts {
+        key: String,
+        etag: String,
+        parts: Vec<(u32, String)>,
+    },
+    /// The file is published and durable under its final name.
+    Complete {
+        key: String,
+        etag: String,
+        blake3: String,
+        inode: u64,
+        mtime_ns: u64,
+    },
+    /// The object is no longer mirrored (deleted locally, or found corrupt).
+    Forget { key: String },
+}
+
+/// Reads every intact record; returns them and the length of the intact prefix.
+pub fn read_records(file: &mut File) -> io::Result<(Vec<Record>, u64)> {
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)?;
+    let mut records = Vec::new();
+    let mut offset = 0usize;
+    while bytes.len() - offset >= HEADER_LEN {
+        let len =
+            u32::from_le_bytes(bytes[offset..offset + 4].try_into().expect("4 bytes")) as usize;
+        let check = &bytes[offset + 4..offset + HEADER_LEN];
+        let start = offset + HEADER_LEN;
+        if len > MAX_RECORD || bytes.len() - start < len {
+            break;
+        }
+        let payload = &bytes[start..start + len];
+        if &blake3::hash(payload).as_bytes()[..8] != check {
+            break;
+        }
+        let Ok(record) = serde_json::from_slice::<Record>(payload) else {
+            break;
+        };
+        records.push(record);
+        offset = start + len;
+    }
+    Ok((records, offset as u64))
+}
+
+/// Frames one record.
+pub fn encode(record: &Record) -> Vec<u8> {
+    let payload = serde_json::to_vec(record).expect("records serialise");
+    let mut framed = Vec::with_capacity(HEADER_LEN + payload.len());
+    framed.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    framed.extend_from_slice(&blake3::hash(&payload).as_bytes()[..8]);
+    framed.extend_from_slice(&payload);
+    framed
+}
+
+/// Appends framed records to the journal file.
+pub struct JournalWriter {
+    out: BufWriter<File>,
+    pub appended: u64,
+}
+
+impl JournalWriter {
+    pub fn new(file: File) -> Self {
+        Self {
+            out: BufWriter::with_capacity(256 << 10, file),
+            appended: 0,
+        }
+    }
+
+    pub fn append(&mut self, record: &Record) -> io::Result<()> {
+        self.out.write_all(&encode(record))?;
+        self.appended += 1;
+        Ok(())
+    }
+
+    /// Makes everything appended so far durable.
+    pub fn sync(&mut self) -> io::Result<()> {
+        self.out.flush()?;
+        self.out.get_ref().sync_data()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Seek, SeekFrom};
+
+    fn forget(i: usize) -> Record {
+        Record::Forget {
+            key: format!("k{i}"),
+        }
+    }
+
+    #[test]
+    fn torn_and_corrupt_tails_are_ignored() {
+        let mut file = tempfile::tempfile().unwrap();
+        let mut all = Vec::new();
+        for i in 0..3 {
+            all.extend(encode(&forget(i)));
+        }
+        let good_len = all.len();
+        let last = encode(&forget(3));
+        // Torn: only part of the last record reached the disk.
+        for cut in [1, 5, HEADER_LEN, last.len() - 1] {
+            file.set_len(0).unwrap();
+            file.seek(SeekFrom::Start(0)).unwrap();
+            file.write_all(&all).unwrap();
+            file.write_all(&last[..cut]).unwrap();
+            file.seek(SeekFrom::Start(0)).unwrap();
+            let (records, intact) = read_records(&mut file).unwrap();
+            assert_eq!(records, (0..3).map(forget).collect::<Vec<_>>());
+            assert_eq!(intact, good_len as u64);
+        }
+        // Corrupt: a flipped byte in the last record's payload.
+        let mut flipped = last.clone();
+        *flipped.last_mut().unwrap() ^= 0x20;
+        file.set_len(0).unwrap();
+        file.seek(SeekFrom::Start(0)).unwrap();
+        file.write_all(&all).unwrap();
+        file.write_all(&flipped).unwrap();
+        file.seek(SeekFrom::Start(0)).unwrap();
+        let (records, intact) = read_records(&mut file).unwrap();
+        assert_eq!(records.len(), 3);
+        assert_eq!(intact, good_len as u64);
+    }
+}

@@ -1,0 +1,97 @@
+//! `DEST/.hydrator/READY`: removed before a sync changes anything, written last (temp file,
+//! sync, rename, sync the directory) once every file is published and durable.
+//!
+//! Contract for the training container: the dataset in DEST is complete and verified exactly
+//! when `DEST/.hydrator/READY` exists; its `digest` identifies the dataset's content (BLAKE3
+//! over the sorted list of path, size and file hash), so two nodes with the same digest hold
+//! the same bytes.
+
+use std::io::{self, Read, Write};
+use std::os::fd::OwnedFd;
+
+use serde::{Deserialize, Serialize};
+
+use crate::write::dest;
+
+const READY: &str = "READY";
+const READY_TMP: &str = "READY.tmp";
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Ready {
+    pub version: u32,
+    /// BLAKE3 over `path \0 size \0 blake3 \n` for every file, sorted by path.
+    pub digest: String,
+    pub objects: u64,
+    pub bytes: u64,
+    pub source: String,
+    /// Digest of the snapshot file this dataset was hydrated from, if any.
+    pub snapshot: Option<String>,
+    pub completed_at: String,
+}
+
+/// The dataset digest of `(path, size, blake3)` entries (sorted here).
+pub fn dataset_digest(mut entries: Vec<(String, u64, [u8; 32])>) -> blake3::Hash {
+    entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let mut hasher = blake3::Hasher::new();
+    for (path, size, hash) in &entries {
+        hasher.update(path.as_bytes());
+        hasher.update(b"\0");
+        hasher.update(size.to_string().as_bytes());
+        hasher.update(b"\0");
+        hasher.update(super::hex(hash).as_bytes());
+        hasher.update(b"\n");
+    }
+    hasher.finalize()
+}
+
+/// Removes READY (durably) before anything in DEST changes.
+pub fn remove(state_dir: &OwnedFd) -> io::Result<()> {
+    dest::unlink_at(state_dir, &dest::cstring(READY)?)?;
+    dest::sync_dir(state_dir)
+}
+
+pub fn write(state_dir: &OwnedFd, ready: &Ready) -> io::Result<()> {
+    let mut file = dest::open_in(
+        state_dir,
+        READY_TMP,
+        libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
+    )?;
+    file.write_all(&serde_json::to_vec_pretty(ready)?)?;
+    file.write_all(b"\n")?;
+    file.sync_all()?;
+    dest::rename_in(state_dir, READY_TMP, READY)?;
+    dest::sync_dir(state_dir)
+}
+
+/// READY's content, if present and readable.
+pub fn read(state_dir: &OwnedFd) -> Option<Ready> {
+    let mut file = dest::open_in(state_dir, READY, libc::O_RDONLY).ok()?;
+    let mut text = String::new();
+    file.read_to_string(&mut text).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// Now, as RFC 3339.
+pub fn now_rfc3339() -> String {
+    aws_smithy_types::DateTime::from(std::time::SystemTime::now())
+        .fmt(aws_smithy_types::date_time::Format::DateTime)
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digest_ignores_order_but_not_content() {
+        let a = ("a".to_string(), 1, [1u8; 32]);
+        let b = ("b/c".to_string(), 2, [2u8; 32]);
+        let d1 = dataset_digest(vec![a.clone(), b.clone()]);
+        assert_eq!(d1, dataset_digest(vec![b.clone(), a.clone()]));
+        assert_ne!(
+            d1,
+            dataset_digest(vec![a.clone(), ("b/c".to_string(), 3, [2u8; 32])])
+        );
+        assert_ne!(d1, dataset_digest(vec![a]));
+    }
+}

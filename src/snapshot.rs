@@ -1,0 +1,148 @@
+//! Snapshots: a listing frozen into a file (`hydrator snapshot ... -o dataset.lock`) so every
+//! node hydrates exactly the same objects. `sync --snapshot` reads the objects from the file
+//! instead of listing, pins every GET to the recorded ETag (a changed object is an error that
+//! names it), and returns at once when DEST's READY already names the snapshot's digest.
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+use crate::config::S3Url;
+use crate::error::{SyncError, UsageError};
+use crate::source::list::{self, ObjectEntry};
+use crate::write::dest::unix_nanos;
+
+pub const SNAPSHOT_VERSION: u32 = 1;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotEntry {
+    pub key: String,
+    pub size: u64,
+    pub etag: String,
+    pub last_modified_ns: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub version: u32,
+    pub endpoint: Option<String>,
+    pub bucket: String,
+    pub prefix: String,
+    /// BLAKE3 over `key \0 size \0 etag \n` of every entry, sorted by key.
+    pub digest: String,
+    pub objects: u64,
+    pub bytes: u64,
+    pub created_at: String,
+    pub entries: Vec<SnapshotEntry>,
+}
+
+impl Snapshot {
+    pub fn url(&self) -> S3Url {
+        S3Url {
+            bucket: self.bucket.clone(),
+            prefix: self.prefix.clone(),
+        }
+    }
+}
+
+pub fn digest(entries: &[SnapshotEntry]) -> String {
+    let mut sorted: Vec<&SnapshotEntry> = entries.iter().collect();
+    sorted.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+    let mut hasher = blake3::Hasher::new();
+    for e in sorted {
+        hasher.update(e.key.as_bytes());
+        hasher.update(b"\0");
+        hasher.update(e.size.to_string().as_bytes());
+        hasher.update(b"\0");
+        hasher.update(e.etag.as_bytes());
+        hasher.update(b"\n");
+    }
+    hasher.finalize().to_hex().to_string()
+}
+
+/// Lists `url` completely and freezes it.
+pub async fn create(
+    client: aws_sdk_s3::Client,
+    url: &S3Url,
+    endpoint: Option<String>,
+) -> Result<Snapshot, SyncError> {
+    let mut listing = list::spawn(client, url.clone());
+    let mut entries = Vec::new();
+    while let Some(entry) = listing.recv().await {
+        let entry = entry?;
+        entries.push(SnapshotEntry {
+            key: entry.key,
+            size: entry.size,
+            etag: entry.etag,
+            last_modified_ns: entry.last_modified.map(unix_nanos),
+        });
+    }
+    Ok(Snapshot {
+        version: SNAPSHOT_VERSION,
+        endpoint,
+        bucket: url.bucket.clone(),
+        prefix: url.prefix.clone(),
+        digest: digest(&entries),
+        objects: entries.len() as u64,
+        bytes: entries.iter().map(|e| e.size).sum(),
+        created_at: crate::manifest::ready::now_rfc3339(),
+        entries,
+    })
+}
+
+/// Writes the snapshot file atomically (temp file, sync, rename).
+pub fn write(path: &Path, snapshot: &Snapshot) -> std::io::Result<()> {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".tmp");
+    let tmp = path.with_file_name(name);
+    let mut file = std::fs::File::create(&tmp)?;
+    serde_json::to_writer(&mut file, snapshot)?;
+    file.write_all(b"\n")?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+/// Reads and checks a snapshot file.
+pub fn read(path: &Path) -> Result<Snapshot, UsageError> {
+    let bad = |why: String| UsageError::new(format!("snapshot {}: {why}", path.display()));
+    let bytes = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+    let snapshot: Snapshot =
+        serde_json::from_slice(&bytes).map_err(|e| bad(format!("not a hydrator snapshot: {e}")))?;
+    if snapshot.version != SNAPSHOT_VERSION {
+        return Err(bad(format!(
+            "format version {} is not supported",
+            snapshot.version
+        )));
+    }
+    if digest(&snapshot.entries) != snapshot.digest {
+        return Err(bad(
+            "its digest does not match its entries (edited or damaged)".into(),
+        ));
+    }
+    Ok(snapshot)
+}
+
+/// Feeds the snapshot's objects to the engine as a listing would.
+pub fn spawn_entries(snapshot: Arc<Snapshot>) -> mpsc::Receiver<Result<ObjectEntry, SyncError>> {
+    let (tx, rx) = mpsc::channel(list::LISTING_QUEUE);
+    tokio::spawn(async move {
+        for e in &snapshot.entries {
+            let entry = ObjectEntry {
+                key: e.key.clone(),
+                size: e.size,
+                etag: e.etag.clone(),
+                last_modified: e
+                    .last_modified_ns
+                    .map(|ns| SystemTime::UNIX_EPOCH + Duration::from_nanos(ns)),
+            };
+            if tx.send(Ok(entry)).await.is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
