@@ -1,5 +1,5 @@
 //! Part durability for resume. A part whose bytes are written is only *written*; after a crash
-//! its preallocated region may read back as zeros. Every quarter second (sooner when enough
+//! its preallocated region may read back as zeros. Every 100 ms (sooner when enough
 //! data is pending) the checkpointer makes DEST's filesystem durable with one `syncfs` and only
 //! then records the parts written before it as durable in the manifest. A resumed run trusts
 //! exactly those parts; the rest is fetched again, so re-fetching after a crash is bounded by
@@ -15,9 +15,9 @@ use tokio::sync::Notify;
 use crate::manifest::Manifest;
 use crate::write::dest::Dest;
 
-const INTERVAL: Duration = Duration::from_millis(250);
+const INTERVAL: Duration = Duration::from_millis(100);
 /// Pending bytes that trigger a checkpoint before the interval ends.
-pub const CHECKPOINT_BYTES: u64 = 64 << 20;
+pub const CHECKPOINT_BYTES: u64 = 32 << 20;
 
 struct WrittenPart {
     key: String,

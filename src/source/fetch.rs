@@ -90,34 +90,32 @@ fn check_range(
     object_size: u64,
 ) -> Result<(), PartError> {
     let expected_len = range.end - range.start;
-    if content_length.is_some_and(|len| len as u64 != expected_len) {
-        return Err(PartError::Retryable(format!(
-            "asked for {expected_len} bytes, server announced {}",
-            content_length.unwrap_or_default()
-        )));
-    }
-    let Some(content_range) = content_range else {
-        // A 200 with the whole object is a valid answer to a range that covers the whole object.
-        if range.start == 0 && range.end == object_size {
-            return Ok(());
+    if let Some(content_range) = content_range {
+        let (start, end, total) = parse_content_range(content_range).ok_or_else(|| {
+            PartError::Fatal(format!("malformed Content-Range {content_range:?}"))
+        })?;
+        if total != object_size {
+            return Err(PartError::Changed); // another version, whatever the ETag says
         }
+        if start != range.start || end + 1 != range.end {
+            return Err(PartError::Fatal(format!(
+                "asked for bytes {}-{}, server sent {content_range:?}",
+                range.start,
+                range.end - 1
+            )));
+        }
+    } else if range.start != 0 || range.end != object_size {
+        // A 200 with the whole object is a valid answer only to a range covering all of it.
         return Err(PartError::Fatal(
             "the server ignored the Range header (no Content-Range in the response)".into(),
         ));
-    };
-    let (start, end, total) = parse_content_range(content_range)
-        .ok_or_else(|| PartError::Fatal(format!("malformed Content-Range {content_range:?}")))?;
-    if total != object_size {
-        return Err(PartError::Changed);
     }
-    if start != range.start || end + 1 != range.end {
-        return Err(PartError::Fatal(format!(
-            "asked for bytes {}-{}, server sent {content_range:?}",
-            range.start,
-            range.end - 1
-        )));
+    match content_length {
+        Some(len) if len as u64 != expected_len => Err(PartError::Retryable(format!(
+            "asked for {expected_len} bytes, server announced {len}"
+        ))),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// Parses `bytes START-END/TOTAL`.

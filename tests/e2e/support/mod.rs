@@ -117,6 +117,15 @@ impl Server {
         });
     }
 
+    /// Runs `hydrator ARGS...` with this server's endpoint and credentials in the environment.
+    pub fn hydrator(&self, args: &[&std::ffi::OsStr]) -> Output {
+        let mut command = hydrator_command(&self.target);
+        command
+            .env("AWS_ENDPOINT_URL", &self.target.endpoint)
+            .args(args);
+        command.output().expect("run hydrator")
+    }
+
     /// Runs `hydrator sync s3://BUCKET/PREFIX DEST ARGS...` against this server.
     pub fn sync(&self, prefix: &str, dest: &Path, args: &[&str]) -> Run {
         let url = format!("s3://{}/{}", self.target.bucket, prefix);
@@ -222,6 +231,16 @@ pub fn hydrator_command(target: &S3Target) -> Command {
         .env("AWS_CONFIG_FILE", "/dev/null")
         .env("AWS_SHARED_CREDENTIALS_FILE", "/dev/null");
     command
+}
+
+pub const MIB: usize = 1 << 20;
+
+/// A dataset from `(path, content)` pairs.
+pub fn files(entries: &[(&str, Vec<u8>)]) -> BTreeMap<String, Vec<u8>> {
+    entries
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect()
 }
 
 /// Deterministic pseudo-random content.

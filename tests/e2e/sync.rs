@@ -1,21 +1,10 @@
-//! End-to-end: the real `hydrator` binary against real S3 servers, on real files.
-
-mod support;
+//! `sync`: sizes, keys, filters, hostile input, faults, writers.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use support::faults::{Fault, Rule};
-use support::{assert_mirror, content, report_hashes, temp_dest, Server};
-
-const MIB: usize = 1 << 20;
-
-fn files(entries: &[(&str, Vec<u8>)]) -> BTreeMap<String, Vec<u8>> {
-    entries
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.clone()))
-        .collect()
-}
+use crate::support::faults::{Fault, Rule};
+use crate::support::{self, assert_mirror, content, files, report_hashes, temp_dest, Server, MIB};
 
 /// Sizes around the part boundaries, several parts, and the empty and 1-byte objects.
 fn boundary_files() -> BTreeMap<String, Vec<u8>> {

@@ -6,6 +6,7 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -82,11 +83,15 @@ impl Rule {
     }
 }
 
-/// The scripted rules and a count of faults served.
+/// The scripted rules, a count of faults served, and traffic counters.
 #[derive(Default)]
 pub struct Faults {
     rules: Mutex<VecDeque<(Rule, usize, usize)>>,
     served: Mutex<usize>,
+    /// Every request received.
+    pub requests: AtomicU64,
+    /// Bytes of object bodies sent in answer to GETs.
+    pub object_bytes: Arc<AtomicU64>,
 }
 
 impl Faults {
@@ -143,9 +148,12 @@ impl hyper::service::Service<Request<Incoming>> for FaultyS3 {
 
 impl FaultyS3 {
     async fn handle(self, req: Request<Incoming>) -> Result<Response<FaultBody>, BoxError> {
+        self.faults.requests.fetch_add(1, Relaxed);
         let method = req.method().as_str().to_string();
         let path = percent_decode(req.uri().path());
         let query = req.uri().query().unwrap_or("").to_string();
+        let counter = (method == "GET" && !query.contains("list-type"))
+            .then(|| self.faults.object_bytes.clone());
         let ranged = req.headers().contains_key("range");
         let if_match = req
             .headers()
@@ -180,9 +188,11 @@ impl FaultyS3 {
                 parts.headers.remove("content-length");
                 FaultBody::full(Bytes::from(xml))
             }
-            Some(Fault::TruncateBody(after)) => FaultBody::wrap(body, after, None),
-            Some(Fault::StallBody(after, pause)) => FaultBody::wrap(body, after, Some(pause)),
-            _ => FaultBody::wrap(body, usize::MAX, None),
+            Some(Fault::TruncateBody(after)) => FaultBody::wrap(body, after, None, counter),
+            Some(Fault::StallBody(after, pause)) => {
+                FaultBody::wrap(body, after, Some(pause), counter)
+            }
+            _ => FaultBody::wrap(body, usize::MAX, None, counter),
         };
         Ok(Response::from_parts(parts, body))
     }
@@ -265,6 +275,7 @@ pub struct FaultBody {
     remaining: usize,
     stall: Option<Duration>,
     sleeping: Option<Pin<Box<tokio::time::Sleep>>>,
+    counter: Option<Arc<AtomicU64>>,
 }
 
 impl FaultBody {
@@ -275,16 +286,23 @@ impl FaultBody {
             remaining: usize::MAX,
             stall: None,
             sleeping: None,
+            counter: None,
         }
     }
 
-    fn wrap(body: s3s::Body, after: usize, stall: Option<Duration>) -> Self {
+    fn wrap(
+        body: s3s::Body,
+        after: usize,
+        stall: Option<Duration>,
+        counter: Option<Arc<AtomicU64>>,
+    ) -> Self {
         Self {
             inner: Some(body),
             full: None,
             remaining: after,
             stall,
             sleeping: None,
+            counter,
         }
     }
 }
@@ -329,6 +347,9 @@ impl Body for FaultBody {
                 }
                 if this.remaining != usize::MAX {
                     this.remaining -= data.len();
+                }
+                if let Some(counter) = &this.counter {
+                    counter.fetch_add(data.len() as u64, Relaxed);
                 }
                 Poll::Ready(Some(Ok(Frame::data(data))))
             }

@@ -1,0 +1,460 @@
+//! A dataset as a unit: manifest, resume after `kill -9`, READY, verify and repair, `--delete`,
+//! locking, snapshots.
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::path::Path;
+use std::process::{Output, Stdio};
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use crate::support::{assert_mirror, content, files, temp_dest, Server, MIB};
+
+fn ready(dest: &Path) -> Option<serde_json::Value> {
+    let text = std::fs::read(dest.join(".hydrator/READY")).ok()?;
+    Some(serde_json::from_slice(&text).expect("READY is JSON"))
+}
+
+fn code(output: &Output) -> i32 {
+    output.status.code().unwrap_or(-1)
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+fn verify(server: &Server, dest: &Path, repair: bool) -> Output {
+    let mut args = vec![OsStr::new("verify"), dest.as_os_str()];
+    if repair {
+        args.push(OsStr::new("--repair"));
+        args.push(OsStr::new("--progress"));
+        args.push(OsStr::new("none"));
+    }
+    server.hydrator(&args)
+}
+
+fn resume_dataset() -> BTreeMap<String, Vec<u8>> {
+    let mut data = files(&[("small.txt", content(80, 1000)), ("empty", vec![])]);
+    for i in 0..4 {
+        data.insert(
+            format!("shards/{i}.bin"),
+            content(81 + i, 12 * MIB + i as usize * 4097),
+        );
+    }
+    data
+}
+
+/// Kills the real binary with SIGKILL at random points of a multi-part download; after each
+/// kill a re-run completes, verifies, and re-fetches no more than what was in flight.
+#[test]
+fn kill_9_at_random_points_then_resume() {
+    let rounds: usize = std::env::var("HYDRATOR_KILL_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(20);
+    let server = Server::local();
+    let expected = resume_dataset();
+    let total: u64 = expected.values().map(|d| d.len() as u64).sum();
+    server.seed("resume/", &expected);
+    let args = ["--part-size", "1MiB", "--concurrency", "4"];
+    let (concurrency, part_size) = (4u64, MIB as u64);
+    // In flight at a kill: the parts being fetched, plus what the checkpointer had not yet made
+    // durable (at most 32 MiB or 100 ms), plus what sat in loopback socket buffers.
+    let bound = concurrency * part_size + (32 << 20) + concurrency * (4 << 20);
+
+    let started = Instant::now();
+    let (_tmp, calibration) = temp_dest();
+    server.sync("resume/", &calibration, &args).assert_code(0);
+    let full_run = started.elapsed();
+    let mut resumed_total = 0;
+    let mut killed = 0;
+    for round in 0..rounds {
+        let (_tmp, dest) = temp_dest();
+        let before = server.faults.object_bytes.load(Relaxed);
+        let mut child = crate::support::hydrator_command(&server.target)
+            .args(["sync", "s3://hydrator-test/resume/"])
+            .arg(&dest)
+            .args([
+                "--endpoint-url",
+                &server.target.endpoint,
+                "--progress",
+                "none",
+            ])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let kill_at = full_run.mul_f64(0.1 + 0.8 * fastrand::f64());
+        std::thread::sleep(kill_at);
+        let _ = child.kill();
+        let _ = child.wait();
+        if ready(&dest).is_some() {
+            // The kill came after READY: READY must then be telling the truth.
+            eprintln!("round {round}: the run had finished before the kill");
+            assert_mirror(&dest, &expected);
+            continue;
+        }
+        killed += 1;
+        let run = server.sync("resume/", &dest, &args);
+        run.assert_code(0);
+        assert_mirror(&dest, &expected);
+        assert!(
+            ready(&dest).is_some(),
+            "round {round}: READY after the resumed run"
+        );
+        let served = server.faults.object_bytes.load(Relaxed) - before;
+        let wasted = served.saturating_sub(total);
+        assert!(
+            wasted <= bound,
+            "round {round}: re-fetched {wasted} bytes, more than the {bound} in flight"
+        );
+        let resumed = run.count("bytes", "resumed");
+        eprintln!(
+            "round {round}: killed after {kill_at:?}; resumed {resumed} bytes, re-fetched {wasted}"
+        );
+        resumed_total += resumed;
+        let checked = verify(&server, &dest, false);
+        assert_eq!(code(&checked), 0, "round {round}: {}", text(&checked));
+    }
+    assert!(
+        killed >= rounds / 2,
+        "only {killed} of {rounds} kills landed mid-run"
+    );
+    assert!(
+        resumed_total > 0,
+        "no round resumed a part: the kills never landed mid-download"
+    );
+}
+
+fn check_verify_and_repair(server: &Server, prefix: &str) {
+    let expected = files(&[
+        ("a.bin", content(90, 3 * MIB + 1)),
+        ("dir/b.txt", content(91, 100)),
+        ("c", content(92, 10)),
+    ]);
+    server.seed(prefix, &expected);
+    let (_tmp, dest) = temp_dest();
+    server
+        .sync(prefix, &dest, &["--part-size", "1MiB"])
+        .assert_code(0);
+    let digest = ready(&dest).unwrap()["digest"].clone();
+    assert_eq!(code(&verify(server, &dest, false)), 0);
+
+    // A flipped byte, a deleted file and a stray file.
+    let mut corrupted = expected["a.bin"].clone();
+    corrupted[2 * MIB + 5] ^= 0x01;
+    let path = dest.join("a.bin");
+    let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+    std::fs::write(&path, &corrupted).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    std::fs::remove_file(dest.join("c")).unwrap();
+    std::fs::write(dest.join("stray.tmp"), b"x").unwrap();
+    let found = verify(server, &dest, false);
+    assert_eq!(code(&found), 1, "{}", text(&found));
+    let out = text(&found);
+    assert!(
+        out.contains("corrupt: a.bin")
+            && out.contains("missing: c")
+            && out.contains("unexpected: stray.tmp"),
+        "{out}"
+    );
+    assert!(
+        ready(&dest).is_none(),
+        "verify removes READY when the dataset is not whole"
+    );
+
+    let repaired = verify(server, &dest, true);
+    assert_eq!(code(&repaired), 0, "{}", text(&repaired));
+    std::fs::remove_file(dest.join("stray.tmp")).unwrap();
+    assert_mirror(&dest, &expected);
+    assert_eq!(
+        ready(&dest).unwrap()["digest"],
+        digest,
+        "the same dataset, the same digest"
+    );
+    assert_eq!(code(&verify(server, &dest, false)), 0);
+}
+
+#[test]
+fn verify_finds_damage_and_repair_fixes_it_local() {
+    check_verify_and_repair(&Server::local(), "verify/");
+}
+
+#[test]
+fn verify_finds_damage_and_repair_fixes_it_garage() {
+    let Some(server) = Server::garage() else {
+        return;
+    };
+    check_verify_and_repair(&server, "verify/");
+}
+
+#[test]
+fn warm_rerun_reads_nothing_and_refetches_what_was_removed() {
+    let server = Server::local();
+    let expected = files(&[
+        ("x.bin", content(100, 2 * MIB)),
+        ("y.bin", content(101, 5000)),
+    ]);
+    server.seed("warm/", &expected);
+    let (_tmp, dest) = temp_dest();
+    server.sync("warm/", &dest, &[]).assert_code(0);
+    let before = server.faults.object_bytes.load(Relaxed);
+    let again = server.sync("warm/", &dest, &[]);
+    again.assert_code(0);
+    assert_eq!(again.count("objects", "skipped"), 2);
+    assert_eq!(
+        server.faults.object_bytes.load(Relaxed),
+        before,
+        "a warm run fetches no object data"
+    );
+    std::fs::remove_file(dest.join("y.bin")).unwrap();
+    let refetch = server.sync("warm/", &dest, &[]);
+    refetch.assert_code(0);
+    assert_eq!(refetch.count("objects", "downloaded"), 1);
+    assert_mirror(&dest, &expected);
+}
+
+#[test]
+fn torn_and_corrupt_journal_tails_are_ignored() {
+    let server = Server::local();
+    let expected = files(&[("one", content(110, 700)), ("two", content(111, 800))]);
+    server.seed("journal/", &expected);
+    let (_tmp, dest) = temp_dest();
+    server.sync("journal/", &dest, &[]).assert_code(0);
+    let journal = dest.join(".hydrator/manifest.journal");
+
+    // A torn tail: half a record's header at the end.
+    let mut bytes = std::fs::read(&journal).unwrap();
+    bytes.extend_from_slice(&[0x40, 0, 0]);
+    std::fs::write(&journal, &bytes).unwrap();
+    let torn = server.sync("journal/", &dest, &[]);
+    torn.assert_code(0);
+    assert_eq!(
+        torn.count("objects", "downloaded"),
+        0,
+        "nothing lost to a torn tail"
+    );
+
+    // A corrupt last record (the last file's Complete): that file is fetched again.
+    let mut bytes = std::fs::read(&journal).unwrap();
+    let last = bytes.len() - 2;
+    bytes[last] ^= 0xff;
+    std::fs::write(&journal, &bytes).unwrap();
+    let corrupt = server.sync("journal/", &dest, &[]);
+    corrupt.assert_code(0);
+    assert_eq!(
+        corrupt.count("objects", "downloaded"),
+        1,
+        "only the record that failed its checksum is lost"
+    );
+    assert_mirror(&dest, &expected);
+    assert_eq!(code(&verify(&server, &dest, false)), 0);
+}
+
+fn check_delete(server: &Server, prefix: &str) {
+    let expected = files(&[
+        ("keep/a.txt", content(120, 50)),
+        ("b.txt", content(121, 60)),
+    ]);
+    server.seed(prefix, &expected);
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("precious"), b"do not touch").unwrap();
+    let (_tmp, dest) = temp_dest();
+    std::fs::create_dir_all(dest.join("old/deeper")).unwrap();
+    std::fs::write(dest.join("old/deeper/gone.txt"), b"stale").unwrap();
+    std::fs::write(dest.join("stale.txt"), b"stale").unwrap();
+    std::os::unix::fs::symlink(outside.path(), dest.join("link-to-dir")).unwrap();
+    std::fs::create_dir_all(dest.join("keep")).unwrap();
+    std::os::unix::fs::symlink(
+        outside.path().join("precious"),
+        dest.join("keep/link-to-file"),
+    )
+    .unwrap();
+    std::fs::write(dest.join("excluded.log"), b"outside the filters").unwrap();
+
+    // Without --delete, nothing local is removed.
+    let run = server.sync(prefix, &dest, &["--exclude", "*.log"]);
+    run.assert_code(0);
+    assert!(dest.join("stale.txt").exists());
+
+    let run = server.sync(prefix, &dest, &["--delete", "--exclude", "*.log"]);
+    run.assert_code(0);
+    let mut kept = expected.clone();
+    kept.insert("excluded.log".into(), b"outside the filters".to_vec());
+    assert_mirror(&dest, &kept);
+    assert!(
+        !dest.join("old").exists(),
+        "emptied directories are removed"
+    );
+    assert_eq!(run.count("objects", "deleted"), 4);
+    assert_eq!(
+        std::fs::read(outside.path().join("precious")).unwrap(),
+        b"do not touch"
+    );
+    assert!(ready(&dest).is_some());
+    assert!(dest.join(".hydrator/manifest.journal").exists());
+}
+
+#[test]
+fn delete_removes_only_what_is_not_in_the_source_local() {
+    check_delete(&Server::local(), "delete/");
+}
+
+#[test]
+fn delete_removes_only_what_is_not_in_the_source_garage() {
+    let Some(server) = Server::garage() else {
+        return;
+    };
+    check_delete(&server, "delete/");
+}
+
+#[test]
+fn two_syncs_on_one_dest_fetch_each_object_once() {
+    let server = Server::local();
+    let expected = files(&[
+        ("a.bin", content(130, 6 * MIB)),
+        ("b.bin", content(131, 3 * MIB)),
+    ]);
+    let total: u64 = expected.values().map(|d| d.len() as u64).sum();
+    server.seed("twice/", &expected);
+    let (_tmp, dest) = temp_dest();
+    let before = server.faults.object_bytes.load(Relaxed);
+    let spawn = |report: &str| {
+        crate::support::hydrator_command(&server.target)
+            .args(["sync", "s3://hydrator-test/twice/"])
+            .arg(&dest)
+            .args([
+                "--endpoint-url",
+                &server.target.endpoint,
+                "--progress",
+                "none",
+                "--report",
+            ])
+            .arg(dest.with_extension(report))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (first, second) = (spawn("1.json"), spawn("2.json"));
+    let (first, second) = (
+        first.wait_with_output().unwrap(),
+        second.wait_with_output().unwrap(),
+    );
+    assert_eq!(
+        (code(&first), code(&second)),
+        (0, 0),
+        "{}\n{}",
+        text(&first),
+        text(&second)
+    );
+    assert!(
+        text(&first).contains("waiting") || text(&second).contains("waiting"),
+        "one of them waited for the lock"
+    );
+    assert_mirror(&dest, &expected);
+    let served = server.faults.object_bytes.load(Relaxed) - before;
+    assert_eq!(served, total, "every object was fetched exactly once");
+    assert!(ready(&dest).is_some());
+}
+
+#[test]
+fn lock_timeout_bounds_the_wait() {
+    let server = Server::local();
+    let (_tmp, dest) = temp_dest();
+    std::fs::create_dir_all(dest.join(".hydrator")).unwrap();
+    let holder = std::fs::File::create(dest.join(".hydrator/lock")).unwrap();
+    // SAFETY: valid fd.
+    assert_eq!(
+        unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&holder), libc::LOCK_EX) },
+        0
+    );
+    let run = server.sync("none/", &dest, &["--lock-timeout", "1"]);
+    run.assert_code(1);
+    assert!(run.stderr().contains("timed out"), "{}", run.stderr());
+}
+
+fn check_snapshot(server: &Server, prefix: &str) {
+    let expected = files(&[
+        ("m.bin", content(140, 2 * MIB + 3)),
+        ("n.txt", content(141, 10)),
+    ]);
+    server.seed(prefix, &expected);
+    let dir = tempfile::tempdir().unwrap();
+    let lock = dir.path().join("dataset.lock");
+    let url = format!("s3://{}/{prefix}", server.target.bucket);
+    let made = server.hydrator(&[
+        OsStr::new("snapshot"),
+        OsStr::new(&url),
+        OsStr::new("-o"),
+        lock.as_os_str(),
+    ]);
+    assert_eq!(code(&made), 0, "{}", text(&made));
+    let snapshot: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&lock).unwrap()).unwrap();
+    assert_eq!(snapshot["objects"], 2);
+
+    let dest = dir.path().join("dest");
+    let sync = |dest: &Path| {
+        server.hydrator(&[
+            OsStr::new("sync"),
+            OsStr::new("--snapshot"),
+            lock.as_os_str(),
+            dest.as_os_str(),
+            OsStr::new("--progress"),
+            OsStr::new("none"),
+        ])
+    };
+    let first = sync(&dest);
+    assert_eq!(code(&first), 0, "{}", text(&first));
+    assert_mirror(&dest, &expected);
+    assert_eq!(ready(&dest).unwrap()["snapshot"], snapshot["digest"]);
+
+    // Already there: no S3 request at all.
+    let requests = server.faults.requests.load(Relaxed);
+    let started = Instant::now();
+    let again = sync(&dest);
+    let took = started.elapsed();
+    assert_eq!(code(&again), 0, "{}", text(&again));
+    assert_eq!(
+        server.faults.requests.load(Relaxed),
+        requests,
+        "no request when DEST holds the snapshot"
+    );
+    assert!(took < Duration::from_secs(5));
+
+    // The object changes on the server: hydrating the snapshot elsewhere fails and names it.
+    server.seed(prefix, &files(&[("m.bin", content(142, 100))]));
+    let other = dir.path().join("other");
+    let changed = sync(&other);
+    assert_eq!(code(&changed), 1, "{}", text(&changed));
+    assert!(
+        text(&changed).contains(&format!("{prefix}m.bin")) && text(&changed).contains("changed"),
+        "{}",
+        text(&changed)
+    );
+    assert!(ready(&other).is_none());
+}
+
+#[test]
+fn snapshot_pins_the_dataset_local() {
+    check_snapshot(&Server::local(), "snap/");
+}
+
+#[test]
+fn snapshot_pins_the_dataset_garage() {
+    let Some(server) = Server::garage() else {
+        return;
+    };
+    check_snapshot(&server, "snap/");
+}

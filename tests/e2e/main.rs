@@ -1,0 +1,6 @@
+//! End-to-end: the real `hydrator` binary against real S3 servers (the in-process s3s server
+//! behind a fault injector, and Garage), on real files.
+
+mod dataset;
+mod support;
+mod sync;
