@@ -60,6 +60,10 @@ pub enum PartError {
     /// Worth another attempt: a truncated, stalled or reset body, a 5xx the SDK gave up on.
     #[error("{0}")]
     Retryable(String),
+    /// The parts' CRCs do not combine to the server's full-object checksum: the bytes received
+    /// are not the bytes uploaded. The object is fetched again from scratch.
+    #[error("{0}")]
+    ChecksumMismatch(String),
     /// Another attempt cannot help (object gone, access denied, disk error).
     #[error("{0}")]
     Fatal(String),

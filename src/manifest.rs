@@ -36,6 +36,14 @@ pub struct Completed {
     pub mtime_ns: u64,
 }
 
+/// A part known to be on disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DurablePart {
+    pub cv: ChainingValue,
+    /// The part's CRC, when the object has a full-object checksum.
+    pub crc: Option<u64>,
+}
+
 /// What the manifest knows of one object.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ObjectState {
@@ -44,8 +52,10 @@ pub struct ObjectState {
     pub etag: String,
     pub last_modified_ns: Option<u64>,
     pub part_size: u64,
+    /// The download attempt the durable parts belong to.
+    pub attempt: u64,
     /// Durable parts of an unfinished download.
-    pub parts: BTreeMap<u32, ChainingValue>,
+    pub parts: BTreeMap<u32, DurablePart>,
     pub complete: Option<Completed>,
     /// Listed (and mirrored or found up to date) by this run.
     pub seen: bool,
@@ -68,6 +78,7 @@ impl State {
                 etag,
                 last_modified_ns,
                 part_size,
+                attempt,
             } => {
                 let object = ObjectState {
                     path,
@@ -75,17 +86,22 @@ impl State {
                     etag,
                     last_modified_ns,
                     part_size,
+                    attempt,
                     parts: BTreeMap::new(),
                     complete: None,
                     seen: false,
                 };
                 self.objects.insert(key, object);
             }
-            Record::Parts { key, etag, parts } => {
-                if let Some(object) = self.objects.get_mut(&key).filter(|o| o.etag == etag) {
-                    for (index, cv) in parts {
+            Record::Parts {
+                key,
+                attempt,
+                parts,
+            } => {
+                if let Some(object) = self.objects.get_mut(&key).filter(|o| o.attempt == attempt) {
+                    for (index, cv, crc) in parts {
                         if let Some(cv) = parse_hex32(&cv) {
-                            object.parts.insert(index, cv);
+                            object.parts.insert(index, DurablePart { cv, crc });
                         }
                     }
                 }
@@ -129,11 +145,12 @@ impl State {
                 etag: o.etag.clone(),
                 last_modified_ns: o.last_modified_ns,
                 part_size: o.part_size,
+                attempt: o.attempt,
             });
             if !o.parts.is_empty() {
                 records.push(parts_record(
                     key,
-                    &o.etag,
+                    o.attempt,
                     o.parts.iter().map(|(i, cv)| (*i, *cv)),
                 ));
             }
@@ -147,13 +164,13 @@ impl State {
 
 fn parts_record(
     key: &str,
-    etag: &str,
-    parts: impl Iterator<Item = (u32, ChainingValue)>,
+    attempt: u64,
+    parts: impl Iterator<Item = (u32, DurablePart)>,
 ) -> Record {
     Record::Parts {
         key: key.to_string(),
-        etag: etag.to_string(),
-        parts: parts.map(|(i, cv)| (i, hex(&cv))).collect(),
+        attempt,
+        parts: parts.map(|(i, p)| (i, hex(&p.cv), p.crc)).collect(),
     }
 }
 
@@ -279,17 +296,18 @@ impl Manifest {
             etag: object.etag.clone(),
             last_modified_ns: object.last_modified_ns,
             part_size: object.part_size,
+            attempt: object.attempt,
         })
     }
 
-    /// These parts of `key` at `etag` are durable.
+    /// These parts of `key`'s download `attempt` are durable.
     pub fn parts_durable(
         &self,
         key: &str,
-        etag: &str,
-        parts: &[(u32, ChainingValue)],
+        attempt: u64,
+        parts: &[(u32, DurablePart)],
     ) -> io::Result<()> {
-        self.record(parts_record(key, etag, parts.iter().copied()))
+        self.record(parts_record(key, attempt, parts.iter().copied()))
     }
 
     /// `key` at `etag` is published and durable.

@@ -1,6 +1,7 @@
 //! The S3 side: client construction, the streamed listing, ranged GETs, and the one place where
 //! S3 and HTTP errors are mapped to what hydrator does about them.
 
+pub mod checksum;
 pub mod client;
 pub mod errors;
 pub mod fetch;

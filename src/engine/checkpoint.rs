@@ -9,10 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use blake3::hazmat::ChainingValue;
 use tokio::sync::Notify;
 
-use crate::manifest::Manifest;
+use crate::manifest::{DurablePart, Manifest};
 use crate::write::dest::Dest;
 
 const INTERVAL: Duration = Duration::from_millis(100);
@@ -21,9 +20,9 @@ pub const CHECKPOINT_BYTES: u64 = 32 << 20;
 
 struct WrittenPart {
     key: String,
-    etag: String,
+    attempt: u64,
     index: u32,
-    cv: ChainingValue,
+    part: DurablePart,
 }
 
 /// Parts written since the last checkpoint.
@@ -35,15 +34,15 @@ pub struct Checkpoints {
 }
 
 impl Checkpoints {
-    pub fn part_written(&self, key: &str, etag: &str, index: u32, cv: ChainingValue, bytes: u64) {
+    pub fn part_written(&self, key: &str, attempt: u64, index: u32, part: DurablePart, bytes: u64) {
         self.pending
             .lock()
             .expect("checkpoint lock")
             .push(WrittenPart {
                 key: key.to_string(),
-                etag: etag.to_string(),
+                attempt,
                 index,
-                cv,
+                part,
             });
         if self.pending_bytes.fetch_add(bytes, Relaxed) + bytes >= CHECKPOINT_BYTES {
             self.wake.notify_one();
@@ -58,16 +57,16 @@ impl Checkpoints {
             return Ok(());
         }
         dest.sync_filesystem()?;
-        let mut by_object: std::collections::BTreeMap<(&str, &str), Vec<(u32, ChainingValue)>> =
+        let mut by_object: std::collections::BTreeMap<(&str, u64), Vec<(u32, DurablePart)>> =
             Default::default();
         for part in &parts {
             by_object
-                .entry((&part.key, &part.etag))
+                .entry((&part.key, part.attempt))
                 .or_default()
-                .push((part.index, part.cv));
+                .push((part.index, part.part));
         }
-        for ((key, etag), parts) in by_object {
-            manifest.parts_durable(key, etag, &parts)?;
+        for ((key, attempt), parts) in by_object {
+            manifest.parts_durable(key, attempt, &parts)?;
         }
         manifest.sync()
     }

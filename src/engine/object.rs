@@ -9,21 +9,21 @@ use std::fs::File;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use blake3::hazmat::ChainingValue;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::JoinSet;
 
-use super::part::{fetch_part, PartTarget};
+use super::part::{fetch_part, FetchedPart, PartTarget};
 use super::run::Ctx;
 use super::stats::Stats;
 use crate::config::MAX_OBJECT_RESTARTS;
 use crate::error::PartError;
 use crate::hash::{merge_parts, PartDigest};
-use crate::manifest::ObjectState;
+use crate::manifest::{DurablePart, ObjectState};
 use crate::plan::keys::RelPath;
 use crate::plan::parts::part_ranges;
 use crate::report::{FileRecord, FileStatus};
-use crate::source::fetch::{head, PinnedObject};
+use crate::source::checksum::{self, FullObjectChecksum};
+use crate::source::fetch::{full_object_checksum, head, PinnedObject};
 use crate::source::list::ObjectEntry;
 use crate::write::dest::{self, unix_nanos};
 
@@ -70,6 +70,11 @@ pub async fn mirror_object(
                     *hash.as_bytes(),
                     FileStatus::Downloaded,
                 ));
+            }
+            Err(PartError::ChecksumMismatch(why)) if restarts < MAX_OBJECT_RESTARTS => {
+                restarts += 1;
+                Stats::add(&ctx.stats.object_restarts, 1);
+                tracing::warn!(key = %entry.key, "{why}; fetching it again");
             }
             Err(PartError::Changed) if ctx.pinned => {
                 return Err(format!(
@@ -131,6 +136,7 @@ async fn download(
         etag: object.etag.clone(),
         last_modified_ns: modified.map(unix_nanos),
         part_size: ctx.part_size,
+        attempt: fastrand::u64(..),
         parts: BTreeMap::new(),
         complete: None,
         seen: false,
@@ -141,7 +147,8 @@ async fn download(
             && (&known.etag, known.size, known.part_size)
                 == (&state.etag, state.size, state.part_size)
     });
-    let (dir, file, resumed) = {
+    let state_attempt = state.attempt;
+    let (dir, file, attempt, resumed) = {
         let (dest, rel, size, direct) = (ctx.dest.clone(), rel.clone(), object.size, ctx.direct_io);
         blocking(move || {
             if let Some(known) = resumable {
@@ -149,7 +156,7 @@ async fn download(
                     .reopen_partial(&rel, direct, size)
                     .map_err(|e| (format!("reopening {rel}"), e))?;
                 if let Some((dir, file)) = reopened {
-                    return Ok((dir, file, known.parts));
+                    return Ok((dir, file, known.attempt, known.parts));
                 }
             }
             let (dir, file) = dest
@@ -157,7 +164,7 @@ async fn download(
                 .map_err(|e| (format!("creating {rel}"), e))?;
             dest::preallocate(&file, size)
                 .map_err(|e| (format!("reserving {size} bytes for {rel}"), e))?;
-            Ok((dir, file, BTreeMap::new()))
+            Ok((dir, file, state_attempt, BTreeMap::new()))
         })
         .await?
     };
@@ -167,7 +174,7 @@ async fn download(
             .map_err(|err| PartError::Fatal(format!("recording {rel} in the manifest: {err}")))?;
     }
     let file = Arc::new(file);
-    match fetch_all_parts(ctx, &object, &file, &resumed).await {
+    match fetch_all_parts(ctx, &object, &file, attempt, &resumed).await {
         Ok(hash) => {
             let (size, direct) = (object.size, ctx.direct_io);
             blocking(move || {
@@ -180,7 +187,7 @@ async fn download(
         Err(err) => {
             // Keep a partial file whose durable parts a later run can resume; drop one that has
             // none or holds another version.
-            let keep = !matches!(err, PartError::Changed)
+            let keep = !matches!(err, PartError::Changed | PartError::ChecksumMismatch(_))
                 && ctx
                     .manifest
                     .lookup(&object.key)
@@ -198,22 +205,33 @@ async fn download(
     }
 }
 
+/// Fetches the parts not already durable, merges the BLAKE3 of all parts into the file's hash
+/// and, when the server keeps a full-object checksum, checks the combined part CRCs against it.
 async fn fetch_all_parts(
     ctx: &Arc<Ctx>,
     object: &Arc<PinnedObject>,
     file: &Arc<File>,
-    resumed: &BTreeMap<u32, ChainingValue>,
+    attempt: u64,
+    resumed: &BTreeMap<u32, DurablePart>,
 ) -> Result<blake3::Hash, PartError> {
     if object.size == 0 {
         return Ok(blake3::hash(b""));
     }
     let ranges: Vec<_> = part_ranges(object.size, ctx.part_size).collect();
     let whole_object = ranges.len() == 1;
-    let mut digests: Vec<Option<PartDigest>> = vec![None; ranges.len()];
+    // A whole-object GET is checked against the server's checksum by the SDK itself.
+    let expected = match whole_object {
+        true => None,
+        false => full_object_checksum(&ctx.client, object).await?,
+    };
+    let mut fetched: Vec<Option<FetchedPart>> = vec![None; ranges.len()];
     let mut parts = JoinSet::new();
     for (index, range) in ranges.iter().cloned().enumerate() {
-        if let (false, Some(cv)) = (whole_object, resumed.get(&(index as u32))) {
-            digests[index] = Some(PartDigest::Subtree(*cv));
+        if let (false, Some(part)) = (whole_object, resumed.get(&(index as u32))) {
+            fetched[index] = Some(FetchedPart {
+                digest: PartDigest::Subtree(part.cv),
+                crc: part.crc,
+            });
             Stats::add(&ctx.stats.bytes_resumed, range.end - range.start);
             continue;
         }
@@ -222,6 +240,7 @@ async fn fetch_all_parts(
             pad_tail: ctx.direct_io && range.end == object.size,
             range,
             whole_object,
+            crc: expected.map(|e| e.algorithm),
         };
         let (ctx, object) = (ctx.clone(), object.clone());
         parts.spawn(async move { (index, fetch_part(ctx, object, target).await) });
@@ -230,13 +249,14 @@ async fn fetch_all_parts(
         let (index, result) =
             joined.map_err(|err| PartError::Fatal(format!("part task failed: {err}")))?;
         match result {
-            Ok(digest) => {
-                if let PartDigest::Subtree(cv) = digest {
+            Ok(part) => {
+                if let PartDigest::Subtree(cv) = part.digest {
                     let len = ranges[index].end - ranges[index].start;
+                    let durable = DurablePart { cv, crc: part.crc };
                     ctx.checkpoints
-                        .part_written(&object.key, &object.etag, index as u32, cv, len);
+                        .part_written(&object.key, attempt, index as u32, durable, len);
                 }
-                digests[index] = Some(digest);
+                fetched[index] = Some(part);
             }
             Err(err) => {
                 parts.abort_all();
@@ -244,11 +264,44 @@ async fn fetch_all_parts(
             }
         }
     }
-    let digests: Vec<PartDigest> = digests
+    let fetched: Vec<FetchedPart> = fetched
         .into_iter()
-        .map(|d| d.expect("every part joined"))
+        .map(|p| p.expect("every part joined"))
         .collect();
+    if let Some(expected) = expected {
+        check_crc(expected, &fetched, &ranges, &object.key)?;
+    }
+    let digests: Vec<PartDigest> = fetched.iter().map(|p| p.digest).collect();
     Ok(merge_parts(&digests, object.size, ctx.part_size))
+}
+
+fn check_crc(
+    expected: FullObjectChecksum,
+    parts: &[FetchedPart],
+    ranges: &[std::ops::Range<u64>],
+    key: &str,
+) -> Result<(), PartError> {
+    let Some(crcs) = parts
+        .iter()
+        .zip(ranges)
+        .map(|(p, r)| p.crc.map(|crc| (crc, r.end - r.start)))
+        .collect::<Option<Vec<_>>>()
+    else {
+        tracing::debug!(
+            key,
+            "parts resumed without a CRC: end-to-end checksum not checked"
+        );
+        return Ok(());
+    };
+    let actual = checksum::combine(expected.algorithm, &crcs);
+    if actual == expected.value {
+        return Ok(());
+    }
+    Err(PartError::ChecksumMismatch(format!(
+        "the bytes received do not match the server's {} (expected {:x}, got {actual:x})",
+        expected.algorithm.name(),
+        expected.value
+    )))
 }
 
 fn finish_file(

@@ -13,10 +13,40 @@ use super::stats::Stats;
 use crate::config::MAX_PART_ATTEMPTS;
 use crate::error::PartError;
 use crate::hash::{PartDigest, PartHasher};
+use crate::source::checksum::Algorithm;
 use crate::source::errors::describe_chain;
 use crate::source::fetch::{get_range, PinnedObject};
 use crate::write::buffer::PooledBuf;
 use crate::write::WriteJob;
+
+/// A part's BLAKE3 digest, and its CRC when the object has a full-object checksum to meet.
+#[derive(Clone, Copy, Debug)]
+pub struct FetchedPart {
+    pub digest: PartDigest,
+    pub crc: Option<u64>,
+}
+
+/// The sums a part's bytes go through as they stream in.
+struct PartSums {
+    blake3: PartHasher,
+    crc: Option<crc_fast::Digest>,
+}
+
+impl PartSums {
+    fn update(&mut self, bytes: &[u8]) {
+        self.blake3.update(bytes);
+        if let Some(crc) = &mut self.crc {
+            crc.update(bytes);
+        }
+    }
+
+    fn finish(&self) -> FetchedPart {
+        FetchedPart {
+            digest: self.blake3.finish(),
+            crc: self.crc.as_ref().map(|c| c.finalize()),
+        }
+    }
+}
 
 /// Where a part goes.
 pub struct PartTarget {
@@ -26,6 +56,8 @@ pub struct PartTarget {
     pub whole_object: bool,
     /// Pad the last buffer to the O_DIRECT alignment (last part of a file under --direct-io).
     pub pad_tail: bool,
+    /// CRC the part with this algorithm (to check the object's full-object checksum).
+    pub crc: Option<Algorithm>,
 }
 
 /// Fetches, hashes and writes one part, retrying broken bodies. Holds a request slot throughout.
@@ -33,7 +65,7 @@ pub async fn fetch_part(
     ctx: Arc<Ctx>,
     object: Arc<PinnedObject>,
     target: PartTarget,
-) -> Result<PartDigest, PartError> {
+) -> Result<FetchedPart, PartError> {
     let _slot = ctx
         .request_slots
         .acquire()
@@ -62,10 +94,13 @@ async fn try_part(
     ctx: &Ctx,
     object: &PinnedObject,
     target: &PartTarget,
-) -> Result<PartDigest, PartError> {
+) -> Result<FetchedPart, PartError> {
     let mut body = get_range(&ctx.client, object, target.range.clone()).await?;
     let expected = target.range.end - target.range.start;
-    let mut hasher = PartHasher::new(target.range.start, target.whole_object);
+    let mut sums = PartSums {
+        blake3: PartHasher::new(target.range.start, target.whole_object),
+        crc: target.crc.map(Algorithm::digest),
+    };
     let mut writes = Vec::new();
     let mut received = 0u64;
     let mut offset = target.range.start;
@@ -100,7 +135,7 @@ async fn try_part(
             data = &data[filling.fill_from(data)..];
             if filling.is_full() {
                 let full = buf.take().expect("just filled");
-                offset += submit(ctx, target, &mut hasher, full, offset, false, &mut writes);
+                offset += submit(ctx, target, &mut sums, full, offset, false, &mut writes);
             }
         }
     };
@@ -118,27 +153,27 @@ async fn try_part(
         submit(
             ctx,
             target,
-            &mut hasher,
+            &mut sums,
             last,
             offset,
             target.pad_tail,
             &mut writes,
         );
     }
-    finish_writes(writes, streamed.map(|()| hasher.finish())).await
+    finish_writes(writes, streamed.map(|()| sums.finish())).await
 }
 
 /// Hashes `buf` and hands it to a writer; returns the number of data bytes it carries.
 fn submit(
     ctx: &Ctx,
     target: &PartTarget,
-    hasher: &mut PartHasher,
+    sums: &mut PartSums,
     mut buf: PooledBuf,
     offset: u64,
     pad: bool,
     writes: &mut Vec<oneshot::Receiver<std::io::Result<()>>>,
 ) -> u64 {
-    hasher.update(buf.as_slice());
+    sums.update(buf.as_slice());
     let len = buf.len() as u64;
     if pad {
         buf.pad_for_direct_io();

@@ -40,12 +40,15 @@ pub enum Record {
         etag: String,
         last_modified_ns: Option<u64>,
         part_size: u64,
+        /// Identifies this download attempt: parts of an earlier attempt never count for it.
+        attempt: u64,
     },
-    /// Parts of the object's current version that are durable, with their chaining values.
+    /// Parts of the object's current version that are durable: index, chaining value and, when
+    /// the object has a full-object checksum, the part's CRC.
     Parts {
         key: String,
-        etag: String,
-        parts: Vec<(u32, String)>,
+        attempt: u64,
+        parts: Vec<(u32, String, Option<u64>)>,
     },
     /// The file is published and durable under its final name.
     Complete {

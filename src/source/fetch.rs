@@ -8,6 +8,9 @@ use std::ops::Range;
 
 use aws_sdk_s3::primitives::ByteStream;
 
+use aws_sdk_s3::types::ChecksumMode;
+
+use super::checksum::{full_object, FullObjectChecksum};
 use super::errors::{classify, Classified};
 use crate::error::PartError;
 
@@ -27,11 +30,14 @@ pub async fn get_range(
     object: &PinnedObject,
     range: Range<u64>,
 ) -> Result<ByteStream, PartError> {
-    let mut request = client
-        .get_object()
-        .bucket(&object.bucket)
-        .key(&object.key)
-        .range(format!("bytes={}-{}", range.start, range.end - 1));
+    let mut request = client.get_object().bucket(&object.bucket).key(&object.key);
+    request = if range.start == 0 && range.end == object.size {
+        // The whole object: a plain GET, for which servers send the full-object checksum, and
+        // the SDK checks the body against it.
+        request.checksum_mode(ChecksumMode::Enabled)
+    } else {
+        request.range(format!("bytes={}-{}", range.start, range.end - 1))
+    };
     if !object.etag.is_empty() {
         request = request.if_match(&object.etag);
     }
@@ -52,6 +58,36 @@ pub async fn get_range(
         object.size,
     )?;
     Ok(response.body)
+}
+
+/// The server's full-object checksum of `object` at its pinned version, if it keeps one.
+pub async fn full_object_checksum(
+    client: &aws_sdk_s3::Client,
+    object: &PinnedObject,
+) -> Result<Option<FullObjectChecksum>, PartError> {
+    let mut request = client
+        .head_object()
+        .bucket(&object.bucket)
+        .key(&object.key)
+        .checksum_mode(ChecksumMode::Enabled);
+    if !object.etag.is_empty() {
+        request = request.if_match(&object.etag);
+    }
+    match request.send().await {
+        Ok(head) => Ok(full_object(
+            head.checksum_type(),
+            head.checksum_crc64_nvme(),
+            head.checksum_crc32_c(),
+            head.checksum_crc32(),
+        )),
+        Err(err) => match classify(&err, &format!("HEAD {}", object.key)) {
+            Classified::Changed => Err(PartError::Changed),
+            other => {
+                tracing::debug!(key = %object.key, "no end-to-end checksum: {other:?}");
+                Ok(None)
+            }
+        },
+    }
 }
 
 /// Looks the object up again after it changed, to pin the new version.
@@ -109,6 +145,8 @@ fn check_range(
         return Err(PartError::Fatal(
             "the server ignored the Range header (no Content-Range in the response)".into(),
         ));
+    } else if content_length.is_some_and(|len| len as u64 != object_size) {
+        return Err(PartError::Changed); // the whole object, but not of the listed size
     }
     match content_length {
         Some(len) if len as u64 != expected_len => Err(PartError::Retryable(format!(
@@ -142,6 +180,10 @@ mod tests {
         assert!(check_range(Some("bytes 0-9/20"), Some(9), &(0..10), 20).is_err());
         assert!(check_range(None, Some(20), &(0..20), 20).is_ok());
         assert!(check_range(None, Some(10), &(0..10), 20).is_err());
+        assert!(matches!(
+            check_range(None, Some(19), &(0..20), 20),
+            Err(PartError::Changed)
+        ));
         assert!(check_range(Some("items 0-9/20"), None, &(0..10), 20).is_err());
     }
 }

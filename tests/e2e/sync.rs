@@ -583,3 +583,52 @@ fn auto_falls_back_to_pwrite_when_seccomp_refuses_io_uring() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+#[test]
+fn bytes_corrupted_in_transit_are_caught_by_the_end_to_end_checksum() {
+    let server = Server::local();
+    let expected = files(&[
+        ("multi.bin", content(150, 3 * MIB)),
+        ("single.bin", content(151, 70_000)),
+    ]);
+    server.seed("crc/", &expected);
+    // One flipped byte in a ranged part of the multi-part object (BLAKE3 cannot know: it hashes
+    // what arrives), and one in the whole-object GET of the small one. Every part is 1 MiB, so
+    // whichever part is served first holds the offset.
+    server
+        .faults
+        .add(Rule::get("multi.bin", Fault::CorruptBody(12_345)));
+    server.faults.add(Rule {
+        ranged_only: false,
+        ..Rule::get("single.bin", Fault::CorruptBody(777))
+    });
+    let (_tmp, dest) = temp_dest();
+    let run = server.sync("crc/", &dest, &["--part-size", "1MiB"]);
+    run.assert_code(0);
+    assert_eq!(server.faults.served(), 2);
+    assert_mirror(&dest, &expected);
+    assert!(
+        run.report()["object_restarts"].as_u64().unwrap() >= 1,
+        "{}",
+        run.report()
+    );
+    assert!(
+        run.report()["part_retries"].as_u64().unwrap() >= 1,
+        "{}",
+        run.report()
+    );
+
+    // A server that corrupts every time: the object fails, named, and nothing is published.
+    server
+        .faults
+        .add(Rule::get("multi.bin", Fault::CorruptBody(5)).times(usize::MAX));
+    let (_tmp, other) = temp_dest();
+    let run = server.sync("crc/", &other, &["--part-size", "1MiB"]);
+    run.assert_code(1);
+    assert!(
+        run.stderr().contains("crc/multi.bin") && run.stderr().contains("do not match"),
+        "{}",
+        run.stderr()
+    );
+    assert!(!other.join("multi.bin").exists());
+}

@@ -28,6 +28,8 @@ pub enum Fault {
     TruncateBody(usize),
     /// The body stops for this long after this many bytes.
     StallBody(usize, Duration),
+    /// The byte at this offset of the body is flipped in transit.
+    CorruptBody(usize),
     /// The object is overwritten with these bytes, then the request is served.
     ReplaceObject(Vec<u8>),
     /// These `(key, size)` entries are added to the listing page.
@@ -166,9 +168,12 @@ impl FaultyS3 {
             Some(Fault::Status(status, code)) => return Ok(error_response(status, code)),
             Some(Fault::DropConnection) => return Err("fault: connection dropped".into()),
             Some(Fault::ReplaceObject(data)) => self.replace(&path, data).await?,
-            Some(f @ (Fault::TruncateBody(_) | Fault::StallBody(..) | Fault::InjectListing(_))) => {
-                body_fault = Some(f)
-            }
+            Some(
+                f @ (Fault::TruncateBody(_)
+                | Fault::StallBody(..)
+                | Fault::CorruptBody(_)
+                | Fault::InjectListing(_)),
+            ) => body_fault = Some(f),
             None => {}
         }
         let response = self.inner.call(req.map(s3s::Body::from)).await?;
@@ -191,6 +196,11 @@ impl FaultyS3 {
             Some(Fault::TruncateBody(after)) => FaultBody::wrap(body, after, None, counter),
             Some(Fault::StallBody(after, pause)) => {
                 FaultBody::wrap(body, after, Some(pause), counter)
+            }
+            Some(Fault::CorruptBody(at)) => {
+                let mut body = FaultBody::wrap(body, usize::MAX, None, counter);
+                body.flip_at = Some(at);
+                body
             }
             _ => FaultBody::wrap(body, usize::MAX, None, counter),
         };
@@ -276,6 +286,9 @@ pub struct FaultBody {
     stall: Option<Duration>,
     sleeping: Option<Pin<Box<tokio::time::Sleep>>>,
     counter: Option<Arc<AtomicU64>>,
+    /// Offset of a byte to flip, and how many bytes went by so far.
+    flip_at: Option<usize>,
+    position: usize,
 }
 
 impl FaultBody {
@@ -287,6 +300,8 @@ impl FaultBody {
             stall: None,
             sleeping: None,
             counter: None,
+            flip_at: None,
+            position: 0,
         }
     }
 
@@ -303,6 +318,8 @@ impl FaultBody {
             stall,
             sleeping: None,
             counter,
+            flip_at: None,
+            position: 0,
         }
     }
 }
@@ -348,6 +365,15 @@ impl Body for FaultBody {
                 if this.remaining != usize::MAX {
                     this.remaining -= data.len();
                 }
+                if let Some(at) = this
+                    .flip_at
+                    .filter(|at| (this.position..this.position + data.len()).contains(at))
+                {
+                    let mut flipped = data.to_vec();
+                    flipped[at - this.position] ^= 0x01;
+                    data = Bytes::from(flipped);
+                }
+                this.position += data.len();
                 if let Some(counter) = &this.counter {
                     counter.fetch_add(data.len() as u64, Relaxed);
                 }
