@@ -24,6 +24,8 @@ pub struct SnapshotEntry {
     pub size: u64,
     pub etag: String,
     pub last_modified_ns: Option<u64>,
+    /// Set when the bucket is versioned: GETs then ask for exactly this version.
+    pub version_id: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -32,7 +34,7 @@ pub struct Snapshot {
     pub endpoint: Option<String>,
     pub bucket: String,
     pub prefix: String,
-    /// BLAKE3 over `key \0 size \0 etag \n` of every entry, sorted by key.
+    /// BLAKE3 over `key \0 size \0 etag \0 version \n` of every entry, sorted by key.
     pub digest: String,
     pub objects: u64,
     pub bytes: u64,
@@ -59,6 +61,8 @@ pub fn digest(entries: &[SnapshotEntry]) -> String {
         hasher.update(e.size.to_string().as_bytes());
         hasher.update(b"\0");
         hasher.update(e.etag.as_bytes());
+        hasher.update(b"\0");
+        hasher.update(e.version_id.as_deref().unwrap_or("").as_bytes());
         hasher.update(b"\n");
     }
     hasher.finalize().to_hex().to_string()
@@ -70,17 +74,26 @@ pub async fn create(
     url: &S3Url,
     endpoint: Option<String>,
 ) -> Result<Snapshot, SyncError> {
-    let mut listing = list::spawn(client, url.clone());
-    let mut entries = Vec::new();
-    while let Some(entry) = listing.recv().await {
-        let entry = entry?;
-        entries.push(SnapshotEntry {
+    let listed = if list::bucket_is_versioned(&client, &url.bucket).await {
+        list::list_latest_versions(&client, url).await?
+    } else {
+        let mut listing = list::spawn(client, url.clone());
+        let mut listed = Vec::new();
+        while let Some(entry) = listing.recv().await {
+            listed.push(entry?);
+        }
+        listed
+    };
+    let entries: Vec<SnapshotEntry> = listed
+        .into_iter()
+        .map(|entry| SnapshotEntry {
             key: entry.key,
             size: entry.size,
             etag: entry.etag,
             last_modified_ns: entry.last_modified.map(unix_nanos),
-        });
-    }
+            version_id: entry.version_id,
+        })
+        .collect();
     Ok(Snapshot {
         version: SNAPSHOT_VERSION,
         endpoint,
@@ -138,6 +151,7 @@ pub fn spawn_entries(snapshot: Arc<Snapshot>) -> mpsc::Receiver<Result<ObjectEnt
                 last_modified: e
                     .last_modified_ns
                     .map(|ns| SystemTime::UNIX_EPOCH + Duration::from_nanos(ns)),
+                version_id: e.version_id.clone(),
             };
             if tx.send(Ok(entry)).await.is_err() {
                 return;

@@ -54,6 +54,7 @@ pub async fn mirror_object(
         key: entry.key.clone(),
         etag: entry.etag.clone(),
         size: entry.size,
+        version_id: entry.version_id.clone(),
     });
     let mut modified = entry.last_modified;
     let mut restarts = 0;

@@ -21,6 +21,8 @@ pub struct PinnedObject {
     pub key: String,
     pub etag: String,
     pub size: u64,
+    /// Pins GETs to this version too (snapshots of versioned buckets).
+    pub version_id: Option<String>,
 }
 
 /// Sends a ranged GET for `range` of `object` and returns the body once the response headers
@@ -30,7 +32,11 @@ pub async fn get_range(
     object: &PinnedObject,
     range: Range<u64>,
 ) -> Result<ByteStream, PartError> {
-    let mut request = client.get_object().bucket(&object.bucket).key(&object.key);
+    let mut request = client
+        .get_object()
+        .bucket(&object.bucket)
+        .key(&object.key)
+        .set_version_id(object.version_id.clone());
     request = if range.start == 0 && range.end == object.size {
         // The whole object: a plain GET, for which servers send the full-object checksum, and
         // the SDK checks the body against it.
@@ -69,6 +75,7 @@ pub async fn full_object_checksum(
         .head_object()
         .bucket(&object.bucket)
         .key(&object.key)
+        .set_version_id(object.version_id.clone())
         .checksum_mode(ChecksumMode::Enabled);
     if !object.etag.is_empty() {
         request = request.if_match(&object.etag);
@@ -112,6 +119,7 @@ pub async fn head(
         key: key.to_string(),
         etag: response.e_tag().unwrap_or_default().to_string(),
         size: response.content_length().unwrap_or(0).max(0) as u64,
+        version_id: None,
     };
     let modified = response
         .last_modified()

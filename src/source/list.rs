@@ -19,6 +19,28 @@ pub struct ObjectEntry {
     pub size: u64,
     pub etag: String,
     pub last_modified: Option<SystemTime>,
+    /// The version, where the object comes from a snapshot of a versioned bucket.
+    pub version_id: Option<String>,
+}
+
+fn listing_error<E, R>(
+    err: &aws_sdk_s3::error::SdkError<E, R>,
+    url: &S3Url,
+    first_page: bool,
+) -> SyncError
+where
+    E: aws_sdk_s3::error::ProvideErrorMetadata + std::error::Error + 'static,
+    R: std::fmt::Debug + super::errors::HasStatus,
+{
+    let what = format!("listing {url}");
+    match classify(err, &what) {
+        Classified::Usage(msg) => SyncError::Usage(UsageError::new(msg)),
+        Classified::Retryable(msg) if first_page => SyncError::Listing(format!(
+            "{msg} (is --endpoint-url right and the server up?)"
+        )),
+        Classified::Retryable(msg) | Classified::Fatal(msg) => SyncError::Listing(msg),
+        Classified::Changed => SyncError::Listing(format!("{what}: HTTP 412")),
+    }
 }
 
 /// Starts listing `url` and returns the queue it fills. The queue ends with either the last
@@ -51,17 +73,7 @@ async fn list_into(
             .set_continuation_token(token.take())
             .send()
             .await
-            .map_err(|err| {
-                let what = format!("listing {url}");
-                match classify(&err, &what) {
-                    Classified::Usage(msg) => SyncError::Usage(UsageError::new(msg)),
-                    Classified::Retryable(msg) if first_page => SyncError::Listing(format!(
-                        "{msg} (is --endpoint-url right and the server up?)"
-                    )),
-                    Classified::Retryable(msg) | Classified::Fatal(msg) => SyncError::Listing(msg),
-                    Classified::Changed => SyncError::Listing(format!("{what}: HTTP 412")),
-                }
-            })?;
+            .map_err(|err| listing_error(&err, url, first_page))?;
         first_page = false;
         for object in page.contents() {
             let entry = ObjectEntry {
@@ -71,6 +83,7 @@ async fn list_into(
                 last_modified: object
                     .last_modified()
                     .and_then(|t| SystemTime::try_from(*t).ok()),
+                version_id: None,
             };
             if tx.send(Ok(entry)).await.is_err() {
                 return Ok(()); // the run stopped listening
@@ -86,6 +99,66 @@ async fn list_into(
                 token = Some(next.to_string());
             }
             _ => return Ok(()),
+        }
+    }
+}
+
+/// Lists the latest version of every object under `url` in a versioned bucket, with its
+/// version id (for snapshots). Deleted objects (a delete marker is latest) are left out.
+pub async fn list_latest_versions(
+    client: &aws_sdk_s3::Client,
+    url: &S3Url,
+) -> Result<Vec<ObjectEntry>, SyncError> {
+    let mut entries = Vec::new();
+    let (mut key_marker, mut version_marker) = (None, None);
+    loop {
+        let page = client
+            .list_object_versions()
+            .bucket(&url.bucket)
+            .prefix(&url.prefix)
+            .set_key_marker(key_marker.take())
+            .set_version_id_marker(version_marker.take())
+            .send()
+            .await
+            .map_err(|err| listing_error(&err, url, entries.is_empty()))?;
+        for version in page
+            .versions()
+            .iter()
+            .filter(|v| v.is_latest() == Some(true))
+        {
+            entries.push(ObjectEntry {
+                key: version.key().unwrap_or_default().to_string(),
+                size: version.size().unwrap_or(0).max(0) as u64,
+                etag: version.e_tag().unwrap_or_default().to_string(),
+                last_modified: version
+                    .last_modified()
+                    .and_then(|t| SystemTime::try_from(*t).ok()),
+                version_id: version.version_id().map(str::to_string),
+            });
+        }
+        if page.is_truncated() != Some(true) {
+            return Ok(entries);
+        }
+        key_marker = page.next_key_marker().map(str::to_string);
+        version_marker = page.next_version_id_marker().map(str::to_string);
+        if key_marker.is_none() {
+            return Err(SyncError::Listing(format!(
+                "listing versions of {url}: the server said the listing continues but gave no marker"
+            )));
+        }
+    }
+}
+
+/// Whether the bucket keeps versions (servers without versioning say no, or nothing).
+pub async fn bucket_is_versioned(client: &aws_sdk_s3::Client, bucket: &str) -> bool {
+    match client.get_bucket_versioning().bucket(bucket).send().await {
+        Ok(out) => out.status() == Some(&aws_sdk_s3::types::BucketVersioningStatus::Enabled),
+        Err(err) => {
+            tracing::debug!(
+                "GetBucketVersioning: {}",
+                super::errors::describe_chain(&err)
+            );
+            false
         }
     }
 }

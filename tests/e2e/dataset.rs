@@ -458,3 +458,59 @@ fn snapshot_pins_the_dataset_garage() {
     };
     check_snapshot(&server, "snap/");
 }
+
+/// In a versioned bucket a snapshot records version ids and every GET asks for that version; a
+/// version that no longer exists is an error that names the object.
+#[test]
+fn snapshot_of_a_versioned_bucket_pins_versions() {
+    let server = Server::local();
+    server.faults.versioned.store(true, Relaxed);
+    let expected = files(&[
+        ("v.bin", content(160, 3 * MIB)),
+        ("w.txt", content(161, 10)),
+    ]);
+    server.seed("versioned/", &expected);
+    let dir = tempfile::tempdir().unwrap();
+    let lock = dir.path().join("dataset.lock");
+    let url = format!("s3://{}/versioned/", server.target.bucket);
+    let made = server.hydrator(&[
+        OsStr::new("snapshot"),
+        OsStr::new(&url),
+        OsStr::new("-o"),
+        lock.as_os_str(),
+    ]);
+    assert_eq!(code(&made), 0, "{}", text(&made));
+    let snapshot: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&lock).unwrap()).unwrap();
+    let versions: Vec<&str> = snapshot["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["version_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(versions.len(), 2);
+    assert!(versions.iter().all(|v| v.starts_with('v')), "{versions:?}");
+
+    let sync = |dest: &Path| {
+        server.hydrator(&[
+            OsStr::new("sync"),
+            OsStr::new("--snapshot"),
+            lock.as_os_str(),
+            dest.as_os_str(),
+        ])
+    };
+    let dest = dir.path().join("dest");
+    let first = sync(&dest);
+    assert_eq!(code(&first), 0, "{}", text(&first));
+    assert_mirror(&dest, &expected);
+    assert!(
+        server.faults.versioned_gets.load(Relaxed) >= 2,
+        "GETs ask for the recorded versions"
+    );
+
+    server.seed("versioned/", &files(&[("w.txt", content(162, 10))]));
+    let other = dir.path().join("other");
+    let gone = sync(&other);
+    assert_eq!(code(&gone), 1, "{}", text(&gone));
+    assert!(text(&gone).contains("versioned/w.txt"), "{}", text(&gone));
+}

@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -94,6 +94,10 @@ pub struct Faults {
     pub requests: AtomicU64,
     /// Bytes of object bodies sent in answer to GETs.
     pub object_bytes: Arc<AtomicU64>,
+    /// Act as a versioned bucket: each object's only version is `v` + its ETag.
+    pub versioned: AtomicBool,
+    /// GETs that asked for a specific version.
+    pub versioned_gets: AtomicU64,
 }
 
 impl Faults {
@@ -162,6 +166,18 @@ impl FaultyS3 {
             .get("if-match")
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
+        if self.faults.versioned.load(Relaxed) && method == "GET" {
+            if has_param(&query, "versioning") {
+                return Ok(xml_response(VERSIONING_ENABLED.to_string()));
+            }
+            if has_param(&query, "versions") {
+                return self.list_versions(&path, &query).await;
+            }
+        }
+        let wanted_version = param(&query, "versionId").map(str::to_string);
+        if wanted_version.is_some() && method == "GET" {
+            self.faults.versioned_gets.fetch_add(1, Relaxed);
+        }
         let fault = self.faults.take(&method, &path, &query, ranged);
         let mut body_fault = None;
         match fault {
@@ -185,11 +201,23 @@ impl FaultyS3 {
                 return Ok(refused);
             }
         }
+        if let Some(wanted) = wanted_version {
+            let etag = response.headers().get("etag").and_then(|v| v.to_str().ok());
+            if response.status().is_success() && etag.map(version_of) != Some(wanted) {
+                return Ok(error_response(404, "NoSuchVersion"));
+            }
+        }
         let (mut parts, body) = response.into_parts();
+        let listing = method == "GET" && query.contains("list-type=2") && parts.status.is_success();
         let body = match body_fault {
-            Some(Fault::InjectListing(extra)) => {
+            _ if listing => {
                 let bytes = http_body_util::BodyExt::collect(body).await?.to_bytes();
-                let xml = inject_listing(&String::from_utf8_lossy(&bytes), &extra);
+                let mut xml = self
+                    .add_etags(&path, &String::from_utf8_lossy(&bytes))
+                    .await?;
+                if let Some(Fault::InjectListing(extra)) = body_fault {
+                    xml = inject_listing(&xml, &extra);
+                }
                 parts.headers.remove("content-length");
                 FaultBody::full(Bytes::from(xml))
             }
@@ -205,6 +233,80 @@ impl FaultyS3 {
             _ => FaultBody::wrap(body, usize::MAX, None, counter),
         };
         Ok(Response::from_parts(parts, body))
+    }
+
+    /// s3s-fs lists objects without their ETags; S3 servers list them, and hydrator pins every
+    /// GET to the listed ETag, so the listing gets them from a HEAD of each object.
+    async fn add_etags(&self, path: &str, xml: &str) -> Result<String, BoxError> {
+        let bucket = path.trim_matches('/');
+        let client = self.client.lock().unwrap().clone().ok_or("no client")?;
+        let mut chunks = xml.split("<Contents>");
+        let mut out = chunks.next().unwrap_or_default().to_string();
+        for chunk in chunks {
+            out.push_str("<Contents>");
+            let key = chunk
+                .split("<Key>")
+                .nth(1)
+                .and_then(|k| k.split("</Key>").next());
+            match key {
+                Some(key) if !chunk.contains("<ETag>") => {
+                    let unescaped = key
+                        .replace("&lt;", "<")
+                        .replace("&gt;", ">")
+                        .replace("&quot;", "\"")
+                        .replace("&amp;", "&");
+                    let head = client
+                        .head_object()
+                        .bucket(bucket)
+                        .key(unescaped)
+                        .send()
+                        .await?;
+                    let etag = head.e_tag().unwrap_or_default().replace('"', "&quot;");
+                    out.push_str(&chunk.replacen(
+                        "</Key>",
+                        &format!("</Key><ETag>{etag}</ETag>"),
+                        1,
+                    ));
+                }
+                _ => out.push_str(chunk),
+            }
+        }
+        Ok(out)
+    }
+
+    /// ListObjectVersions, answered from a ListObjectsV2 of the same prefix.
+    async fn list_versions(
+        &self,
+        path: &str,
+        query: &str,
+    ) -> Result<Response<FaultBody>, BoxError> {
+        let bucket = path.trim_matches('/');
+        let prefix = percent_decode(param(query, "prefix").unwrap_or(""));
+        let client = self.client.lock().unwrap().clone().ok_or("no client")?;
+        let listing = client
+            .list_objects_v2()
+            .bucket(bucket)
+            .prefix(&prefix)
+            .send()
+            .await?;
+        let mut xml = format!(
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?><ListVersionsResult><Name>{bucket}</Name>\
+             <Prefix>{prefix}</Prefix><IsTruncated>false</IsTruncated>"
+        );
+        for object in listing.contents() {
+            let etag = object.e_tag().unwrap_or_default();
+            xml.push_str(&format!(
+                "<Version><Key>{}</Key><VersionId>{}</VersionId><IsLatest>true</IsLatest>\
+                 <LastModified>2026-01-01T00:00:00.000Z</LastModified><ETag>{}</ETag><Size>{}</Size>\
+                 <StorageClass>STANDARD</StorageClass></Version>",
+                object.key().unwrap_or_default(),
+                version_of(etag),
+                etag.replace('"', "&quot;"),
+                object.size().unwrap_or(0)
+            ));
+        }
+        xml.push_str("</ListVersionsResult>");
+        Ok(xml_response(xml))
     }
 
     async fn replace(&self, path: &str, data: Vec<u8>) -> Result<(), BoxError> {
@@ -227,6 +329,29 @@ impl FaultyS3 {
             .await?;
         Ok(())
     }
+}
+
+const VERSIONING_ENABLED: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\
+    <VersioningConfiguration><Status>Enabled</Status></VersioningConfiguration>";
+
+/// The version id the emulated versioned bucket gives an object with this ETag.
+fn version_of(etag: &str) -> String {
+    format!("v{}", etag.trim_matches('"'))
+}
+
+fn param<'q>(query: &'q str, name: &str) -> Option<&'q str> {
+    query.split('&').find_map(|pair| {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        (key == name).then_some(value)
+    })
+}
+
+fn has_param(query: &str, name: &str) -> bool {
+    param(query, name).is_some()
+}
+
+fn xml_response(xml: String) -> Response<FaultBody> {
+    Response::new(FaultBody::full(Bytes::from(xml)))
 }
 
 fn error_response(status: u16, code: &str) -> Response<FaultBody> {
