@@ -187,27 +187,17 @@ impl Dest {
         if direct_io {
             flags |= libc::O_DIRECT;
         }
-        // SAFETY: valid dirfd and NUL-terminated name.
-        let fd = unsafe {
-            libc::openat(
-                dir.as_raw_fd(),
-                name.as_ptr(),
-                flags,
-                FILE_MODE as libc::c_uint,
-            )
-        };
-        if fd < 0 {
-            let err = io::Error::last_os_error();
+        let file = open_at(&dir, &name, flags).map_err(|err| {
             if direct_io && err.raw_os_error() == Some(libc::EINVAL) {
-                return Err(io::Error::new(
+                io::Error::new(
                     err.kind(),
                     "this filesystem does not support O_DIRECT (--direct-io)",
-                ));
+                )
+            } else {
+                err
             }
-            return Err(err);
-        }
-        // SAFETY: `fd` was just opened and is owned by nobody else.
-        Ok((dir, unsafe { File::from_raw_fd(fd) }))
+        })?;
+        Ok((dir, file))
     }
 
     /// Flushes every dirty page and inode of DEST's filesystem.

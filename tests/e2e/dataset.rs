@@ -185,18 +185,11 @@ fn check_verify_and_repair(server: &Server, prefix: &str) {
     assert_eq!(code(&verify(server, &dest, false)), 0);
 }
 
-#[test]
-fn verify_finds_damage_and_repair_fixes_it_local() {
-    check_verify_and_repair(&Server::local(), "verify/");
-}
-
-#[test]
-fn verify_finds_damage_and_repair_fixes_it_garage() {
-    let Some(server) = Server::garage() else {
-        return;
-    };
-    check_verify_and_repair(&server, "verify/");
-}
+on_both_servers!(
+    verify_finds_damage_and_repair_fixes_it,
+    check_verify_and_repair,
+    "verify/"
+);
 
 #[test]
 fn warm_rerun_reads_nothing_and_refetches_what_was_removed() {
@@ -305,18 +298,11 @@ fn check_delete(server: &Server, prefix: &str) {
     assert!(dest.join(".hydrator/manifest.journal").exists());
 }
 
-#[test]
-fn delete_removes_only_what_is_not_in_the_source_local() {
-    check_delete(&Server::local(), "delete/");
-}
-
-#[test]
-fn delete_removes_only_what_is_not_in_the_source_garage() {
-    let Some(server) = Server::garage() else {
-        return;
-    };
-    check_delete(&server, "delete/");
-}
+on_both_servers!(
+    delete_removes_only_what_is_not_in_the_source,
+    check_delete,
+    "delete/"
+);
 
 #[test]
 fn two_syncs_on_one_dest_fetch_each_object_once() {
@@ -446,18 +432,7 @@ fn check_snapshot(server: &Server, prefix: &str) {
     assert!(ready(&other).is_none());
 }
 
-#[test]
-fn snapshot_pins_the_dataset_local() {
-    check_snapshot(&Server::local(), "snap/");
-}
-
-#[test]
-fn snapshot_pins_the_dataset_garage() {
-    let Some(server) = Server::garage() else {
-        return;
-    };
-    check_snapshot(&server, "snap/");
-}
+on_both_servers!(snapshot_pins_the_dataset, check_snapshot, "snap/");
 
 /// In a versioned bucket a snapshot records version ids and every GET asks for that version; a
 /// version that no longer exists is an error that names the object.

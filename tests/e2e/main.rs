@@ -1,6 +1,7 @@
 //! End-to-end: the real `hydrator` binary against real S3 servers (the in-process s3s server
 //! behind a fault injector, and Garage), on real files.
 
-mod dataset;
+#[macro_use]
 mod support;
+mod dataset;
 mod sync;

@@ -52,18 +52,7 @@ fn check_boundaries(server: &Server, prefix: &str) {
     assert_mirror(&dest, &expected);
 }
 
-#[test]
-fn boundary_sizes_local() {
-    check_boundaries(&Server::local(), "sizes/");
-}
-
-#[test]
-fn boundary_sizes_garage() {
-    let Some(server) = Server::garage() else {
-        return;
-    };
-    check_boundaries(&server, "boundary-sizes/");
-}
+on_both_servers!(boundary_sizes, check_boundaries, "sizes/");
 
 fn special_key_files() -> BTreeMap<String, Vec<u8>> {
     files(&[
@@ -84,18 +73,7 @@ fn check_special_keys(server: &Server, prefix: &str) {
     assert_mirror(&dest, &expected);
 }
 
-#[test]
-fn special_keys_local() {
-    check_special_keys(&Server::local(), "keys/");
-}
-
-#[test]
-fn special_keys_garage() {
-    let Some(server) = Server::garage() else {
-        return;
-    };
-    check_special_keys(&server, "special-keys/");
-}
+on_both_servers!(special_keys, check_special_keys, "special-keys/");
 
 fn check_thousand_small_files_and_filters(server: &Server, prefix: &str) {
     let all: BTreeMap<String, Vec<u8>> = (0..1000)
@@ -131,18 +109,11 @@ fn check_thousand_small_files_and_filters(server: &Server, prefix: &str) {
     );
 }
 
-#[test]
-fn a_thousand_small_files_and_filters_local() {
-    check_thousand_small_files_and_filters(&Server::local(), "many/");
-}
-
-#[test]
-fn a_thousand_small_files_and_filters_garage() {
-    let Some(server) = Server::garage() else {
-        return;
-    };
-    check_thousand_small_files_and_filters(&server, "thousand/");
-}
+on_both_servers!(
+    a_thousand_small_files_and_filters,
+    check_thousand_small_files_and_filters,
+    "thousand/"
+);
 
 #[test]
 fn hostile_keys_are_refused_and_nothing_escapes() {
@@ -265,18 +236,7 @@ fn check_usage_errors(server: &Server) {
     );
 }
 
-#[test]
-fn wrong_credentials_and_missing_bucket_local() {
-    check_usage_errors(&Server::local());
-}
-
-#[test]
-fn wrong_credentials_and_missing_bucket_garage() {
-    let Some(server) = Server::garage() else {
-        return;
-    };
-    check_usage_errors(&server);
-}
+on_both_servers!(wrong_credentials_and_missing_bucket, check_usage_errors);
 
 #[test]
 fn malformed_input_is_a_usage_error() {
@@ -478,18 +438,11 @@ fn check_writers_produce_identical_files(server: &Server, prefix: &str) {
     }
 }
 
-#[test]
-fn writers_produce_identical_files_local() {
-    check_writers_produce_identical_files(&Server::local(), "writers/");
-}
-
-#[test]
-fn writers_produce_identical_files_garage() {
-    let Some(server) = Server::garage() else {
-        return;
-    };
-    check_writers_produce_identical_files(&server, "writers/");
-}
+on_both_servers!(
+    writers_produce_identical_files,
+    check_writers_produce_identical_files,
+    "writers/"
+);
 
 /// Garage stores keys that no filesystem path should be made of; the listing really carries them.
 #[test]

@@ -2,6 +2,27 @@
 //! behind a fault injector, and Garage), seeding, running the real `hydrator` binary, and
 //! checking a mirror byte for byte.
 
+/// Defines a module `NAME` with two tests, `local` (the in-process server) and `garage`
+/// (skipped where Garage is neither installed nor required), each running `CHECK(&server[,
+/// PREFIX])`.
+macro_rules! on_both_servers {
+    ($name:ident, $check:ident $(, $prefix:expr)?) => {
+        mod $name {
+            #[test]
+            fn local() {
+                super::$check(&crate::support::Server::local() $(, $prefix)?);
+            }
+
+            #[test]
+            fn garage() {
+                if let Some(server) = crate::support::Server::garage() {
+                    super::$check(&server $(, $prefix)?);
+                }
+            }
+        }
+    };
+}
+
 pub mod faults;
 pub mod garage;
 pub mod seccomp;
