@@ -124,6 +124,9 @@ pub struct VerifyArgs {
     /// Fetch missing and corrupt files again from the manifest's source.
     #[arg(long)]
     pub repair: bool,
+    /// With --repair on a DEST hydrated from a snapshot: that snapshot file (repairs stay pinned).
+    #[arg(long)]
+    pub snapshot: Option<PathBuf>,
     #[command(flatten)]
     pub options: SyncOptions,
 }

@@ -3,7 +3,7 @@
 use crate::cli::{SnapshotArgs, VerifyArgs};
 use crate::config::{S3Url, SyncConfig};
 use crate::engine::{self, Outcome};
-use crate::error::{Exit, SyncError};
+use crate::error::{Exit, SyncError, UsageError};
 use crate::source::client;
 use crate::{snapshot, verify as check};
 
@@ -63,6 +63,29 @@ pub async fn verify(args: VerifyArgs) -> Result<Exit, SyncError> {
         config.include = source.include;
         config.exclude = source.exclude;
     }
+    config.snapshot = match (&source.snapshot, &args.snapshot) {
+        (None, None) => None,
+        (Some(digest), None) => {
+            return Err(UsageError::new(format!(
+                "{} was hydrated from snapshot {digest}: pass --snapshot FILE so the repair stays pinned to it",
+                args.dest.display()
+            ))
+            .into())
+        }
+        (expected, Some(file)) => {
+            let snapshot = snapshot::read(file)?;
+            if expected.as_ref().is_some_and(|d| *d != snapshot.digest) {
+                return Err(UsageError::new(format!(
+                    "{} holds snapshot {}, not {}",
+                    args.dest.display(),
+                    expected.as_deref().unwrap_or_default(),
+                    snapshot.digest
+                ))
+                .into());
+            }
+            Some(std::sync::Arc::new(snapshot))
+        }
+    };
     Ok(print_outcome(engine::run(config).await?))
 }
 

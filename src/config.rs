@@ -166,6 +166,7 @@ impl SyncConfig {
             prefix: self.source.prefix.clone(),
             include: self.include.clone(),
             exclude: self.exclude.clone(),
+            snapshot: self.snapshot.as_ref().map(|s| s.digest.clone()),
         }
     }
 

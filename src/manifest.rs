@@ -210,11 +210,13 @@ impl Manifest {
         let count = records.len() as u64;
         let mut state = State::default();
         let mut records = records.into_iter();
+        let mut header_current = false;
         let same_source = match records.next() {
             Some(Record::Header {
                 version: FORMAT_VERSION,
                 source: old,
             }) => {
+                header_current = old == *source;
                 let same = old.endpoint == source.endpoint
                     && old.bucket == source.bucket
                     && old.prefix == source.prefix;
@@ -243,7 +245,8 @@ impl Manifest {
             state: Mutex::new(state),
             journal: Mutex::new(JournalWriter::new(file)),
         };
-        if !same_source || count > manifest.state().objects.len() as u64 * 3 + COMPACT_SLACK {
+        // Compaction also rewrites the header, when filters or the snapshot changed.
+        if !header_current || count > manifest.state().objects.len() as u64 * 3 + COMPACT_SLACK {
             manifest.compact()?;
         }
         Ok(manifest)

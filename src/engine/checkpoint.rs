@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::manifest::{DurablePart, Manifest};
-use crate::write::dest::Dest;
+use crate::write::dest::{Dest, Syncer};
 
 const INTERVAL: Duration = Duration::from_millis(100);
 /// Pending bytes that trigger a checkpoint before the interval ends.
@@ -26,14 +26,23 @@ struct WrittenPart {
 }
 
 /// Parts written since the last checkpoint.
-#[derive(Default)]
 pub struct Checkpoints {
     pending: Mutex<Vec<WrittenPart>>,
     pending_bytes: AtomicU64,
     wake: Notify,
+    syncer: Syncer,
 }
 
 impl Checkpoints {
+    pub fn new(dest: &Dest) -> std::io::Result<Self> {
+        Ok(Self {
+            pending: Mutex::default(),
+            pending_bytes: AtomicU64::new(0),
+            wake: Notify::new(),
+            syncer: dest.syncer()?,
+        })
+    }
+
     pub fn part_written(&self, key: &str, attempt: u64, index: u32, part: DurablePart, bytes: u64) {
         self.pending
             .lock()
@@ -50,13 +59,13 @@ impl Checkpoints {
     }
 
     /// Syncs DEST's filesystem, then records every part written before the sync as durable.
-    pub fn flush(&self, dest: &Dest, manifest: &Manifest) -> std::io::Result<()> {
+    pub fn flush(&self, manifest: &Manifest) -> std::io::Result<()> {
         let parts = std::mem::take(&mut *self.pending.lock().expect("checkpoint lock"));
         self.pending_bytes.store(0, Relaxed);
         if parts.is_empty() {
             return Ok(());
         }
-        dest.sync_filesystem()?;
+        self.syncer.sync()?;
         let mut by_object: std::collections::BTreeMap<(&str, u64), Vec<(u32, DurablePart)>> =
             Default::default();
         for part in &parts {
@@ -75,16 +84,13 @@ impl Checkpoints {
 /// Runs checkpoints until the returned task is aborted.
 pub fn spawn(
     checkpoints: Arc<Checkpoints>,
-    dest: Arc<Dest>,
     manifest: Arc<Manifest>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         loop {
             let _ = tokio::time::timeout(INTERVAL, checkpoints.wake.notified()).await;
-            let (checkpoints, dest, manifest) =
-                (checkpoints.clone(), dest.clone(), manifest.clone());
-            let flushed =
-                tokio::task::spawn_blocking(move || checkpoints.flush(&dest, &manifest)).await;
+            let (checkpoints, manifest) = (checkpoints.clone(), manifest.clone());
+            let flushed = tokio::task::spawn_blocking(move || checkpoints.flush(&manifest)).await;
             if let Ok(Err(err)) = flushed {
                 tracing::warn!(
                     "recording durable parts failed (a resume will fetch them again): {err}"

@@ -142,15 +142,24 @@ async fn download(
         complete: None,
         seen: false,
     };
-    let resumable = ctx.manifest.lookup(&object.key).filter(|known| {
+    let known = ctx.manifest.lookup(&object.key);
+    // Durable parts of another attempt must be voided, durably, before their partial file is
+    // replaced: otherwise a crash could leave them describing a new, still empty file.
+    let stale_parts = known.as_ref().is_some_and(|k| !k.parts.is_empty());
+    let resumable = known.filter(|known| {
         known.complete.is_none()
             && !known.parts.is_empty()
             && (&known.etag, known.size, known.part_size)
                 == (&state.etag, state.size, state.part_size)
     });
-    let state_attempt = state.attempt;
     let (dir, file, attempt, resumed) = {
-        let (dest, rel, size, direct) = (ctx.dest.clone(), rel.clone(), object.size, ctx.direct_io);
+        let (dest, manifest, rel, key) = (
+            ctx.dest.clone(),
+            ctx.manifest.clone(),
+            rel.clone(),
+            object.key.clone(),
+        );
+        let (size, direct) = (object.size, ctx.direct_io);
         blocking(move || {
             if let Some(known) = resumable {
                 let reopened = dest
@@ -160,20 +169,22 @@ async fn download(
                     return Ok((dir, file, known.attempt, known.parts));
                 }
             }
+            let recorded = manifest
+                .start_object(&key, &state)
+                .and_then(|()| match stale_parts {
+                    true => manifest.sync(),
+                    false => Ok(()),
+                });
+            recorded.map_err(|e| (format!("recording {rel} in the manifest"), e))?;
             let (dir, file) = dest
                 .create_partial(&rel, direct)
                 .map_err(|e| (format!("creating {rel}"), e))?;
             dest::preallocate(&file, size)
                 .map_err(|e| (format!("reserving {size} bytes for {rel}"), e))?;
-            Ok((dir, file, state_attempt, BTreeMap::new()))
+            Ok((dir, file, state.attempt, BTreeMap::new()))
         })
         .await?
     };
-    if resumed.is_empty() {
-        ctx.manifest
-            .start_object(&object.key, &state)
-            .map_err(|err| PartError::Fatal(format!("recording {rel} in the manifest: {err}")))?;
-    }
     let file = Arc::new(file);
     match fetch_all_parts(ctx, &object, &file, attempt, &resumed).await {
         Ok(hash) => {
@@ -226,6 +237,9 @@ async fn fetch_all_parts(
         false => full_object_checksum(&ctx.client, object).await?,
     };
     let mut fetched: Vec<Option<FetchedPart>> = vec![None; ranges.len()];
+    // Part tasks are started as request slots can take them, not all at once, so a huge
+    // object does not hold one task per part.
+    let max_spawned = ctx.request_slots_total;
     let mut parts = JoinSet::new();
     for (index, range) in ranges.iter().cloned().enumerate() {
         if let (false, Some(part)) = (whole_object, resumed.get(&(index as u32))) {
@@ -235,6 +249,18 @@ async fn fetch_all_parts(
             });
             Stats::add(&ctx.stats.bytes_resumed, range.end - range.start);
             continue;
+        }
+        while parts.len() >= max_spawned {
+            let joined = parts.join_next().await.expect("parts are running");
+            absorb(
+                ctx,
+                object,
+                attempt,
+                &ranges,
+                &mut fetched,
+                &mut parts,
+                joined,
+            )?;
         }
         let target = PartTarget {
             file: file.clone(),
@@ -247,23 +273,15 @@ async fn fetch_all_parts(
         parts.spawn(async move { (index, fetch_part(ctx, object, target).await) });
     }
     while let Some(joined) = parts.join_next().await {
-        let (index, result) =
-            joined.map_err(|err| PartError::Fatal(format!("part task failed: {err}")))?;
-        match result {
-            Ok(part) => {
-                if let PartDigest::Subtree(cv) = part.digest {
-                    let len = ranges[index].end - ranges[index].start;
-                    let durable = DurablePart { cv, crc: part.crc };
-                    ctx.checkpoints
-                        .part_written(&object.key, attempt, index as u32, durable, len);
-                }
-                fetched[index] = Some(part);
-            }
-            Err(err) => {
-                parts.abort_all();
-                return Err(err);
-            }
-        }
+        absorb(
+            ctx,
+            object,
+            attempt,
+            &ranges,
+            &mut fetched,
+            &mut parts,
+            joined,
+        )?;
     }
     let fetched: Vec<FetchedPart> = fetched
         .into_iter()
@@ -274,6 +292,38 @@ async fn fetch_all_parts(
     }
     let digests: Vec<PartDigest> = fetched.iter().map(|p| p.digest).collect();
     Ok(merge_parts(&digests, object.size, ctx.part_size))
+}
+
+type PartTask = (usize, Result<FetchedPart, PartError>);
+
+/// Books a finished part task: records it for the next checkpoint, or stops the others.
+fn absorb(
+    ctx: &Ctx,
+    object: &PinnedObject,
+    attempt: u64,
+    ranges: &[std::ops::Range<u64>],
+    fetched: &mut [Option<FetchedPart>],
+    parts: &mut JoinSet<PartTask>,
+    joined: Result<PartTask, tokio::task::JoinError>,
+) -> Result<(), PartError> {
+    let (index, result) =
+        joined.map_err(|err| PartError::Fatal(format!("part task failed: {err}")))?;
+    match result {
+        Ok(part) => {
+            if let PartDigest::Subtree(cv) = part.digest {
+                let len = ranges[index].end - ranges[index].start;
+                let durable = DurablePart { cv, crc: part.crc };
+                ctx.checkpoints
+                    .part_written(&object.key, attempt, index as u32, durable, len);
+            }
+            fetched[index] = Some(part);
+            Ok(())
+        }
+        Err(err) => {
+            parts.abort_all();
+            Err(err)
+        }
+    }
 }
 
 fn check_crc(

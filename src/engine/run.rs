@@ -43,6 +43,8 @@ pub struct Ctx {
     pub pool: BufferPool,
     pub writers: Writers,
     pub request_slots: Semaphore,
+    /// The number of request slots (`--concurrency`).
+    pub request_slots_total: usize,
     pub stats: Arc<Stats>,
     pub committer: Committer,
     pub manifest: Arc<Manifest>,
@@ -74,6 +76,7 @@ pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
             cfg.dest.display()
         ))
     })?;
+    let _lock = lock::acquire(&state_dir, cfg.lock_timeout).await?;
     if let Some(outcome) = snapshot_already_there(&cfg, &state_dir, started) {
         return Ok(outcome);
     }
@@ -84,7 +87,6 @@ pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
         ))
     })?;
     let writers = Writers::start(cfg.io_backend)?;
-    let _lock = lock::acquire(&state_dir, cfg.lock_timeout).await?;
     let manifest = Manifest::open(&dest, &cfg.source_info()).map_err(|err| {
         SyncError::Local(format!(
             "opening the manifest in {}/.hydrator: {err}",
@@ -95,8 +97,13 @@ pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
     tracing::info!(backend = %writers.backend, "writing with {}", writers.backend);
     let dest = Arc::new(dest);
     let manifest = Arc::new(manifest);
-    let checkpoints = Arc::new(Checkpoints::default());
-    let checkpointer = checkpoint::spawn(checkpoints.clone(), dest.clone(), manifest.clone());
+    let local = |what: &str, err: std::io::Error| {
+        SyncError::Local(format!("{what} in {}: {err}", cfg.dest.display()))
+    };
+    let checkpoints = Arc::new(Checkpoints::new(&dest).map_err(|e| local("opening DEST", e))?);
+    let committer =
+        Committer::start(dest.clone(), manifest.clone()).map_err(|e| local("opening DEST", e))?;
+    let checkpointer = checkpoint::spawn(checkpoints.clone(), manifest.clone());
     let stats = Arc::new(Stats::default());
     let ctx = Arc::new(Ctx {
         client: client::build(&cfg).await,
@@ -107,8 +114,9 @@ pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
         pool: BufferPool::new(cfg.buffer_count(), WRITE_BUFFER_SIZE),
         writers,
         request_slots: Semaphore::new(cfg.concurrency),
+        request_slots_total: cfg.concurrency,
         stats: stats.clone(),
-        committer: Committer::start(dest.clone(), manifest.clone()),
+        committer,
         manifest: manifest.clone(),
         checkpoints: checkpoints.clone(),
         pinned: cfg.snapshot.is_some(),
@@ -179,8 +187,8 @@ pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
     // objects may still be unwinding and holding `ctx`.
     checkpointer.abort();
     let finished = {
-        let (checkpoints, dest, manifest) = (checkpoints.clone(), dest.clone(), manifest.clone());
-        tokio::task::spawn_blocking(move || checkpoints.flush(&dest, &manifest)).await
+        let (checkpoints, manifest) = (checkpoints.clone(), manifest.clone());
+        tokio::task::spawn_blocking(move || checkpoints.flush(&manifest)).await
     };
     if let Ok(Err(err)) = finished {
         tracing::warn!("recording the last durable parts failed: {err}");
@@ -188,7 +196,11 @@ pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
     if let (None, Some(err)) = (&fatal, sink_error) {
         fatal = Some(SyncError::Local(format!("writing the report spool: {err}")));
     }
-    if fatal.is_none() && cfg.delete {
+    let any_failed = Stats::get(&stats.objects_failed) > 0;
+    if cfg.delete && any_failed {
+        tracing::warn!("--delete skipped: some objects failed, so their local copies are kept");
+    }
+    if fatal.is_none() && cfg.delete && !any_failed {
         match prune::remove_unlisted(&dest, &manifest, &filter) {
             Ok(removed) => stats
                 .files_deleted
@@ -282,20 +294,26 @@ fn write_ready(cfg: &SyncConfig, state_dir: &OwnedFd, manifest: &Manifest) -> st
             bytes,
             source: cfg.source.to_string(),
             snapshot: cfg.snapshot.as_ref().map(|s| s.digest.clone()),
+            include: cfg.include.clone(),
+            exclude: cfg.exclude.clone(),
             completed_at: ready::now_rfc3339(),
         },
     )
 }
 
-/// With `--snapshot`, a DEST whose READY names the same snapshot is done: no lock, no S3 request.
+/// With `--snapshot`, a DEST whose READY names the same snapshot and filters is done: no S3
+/// request. Checked under the lock, so no other hydrator is changing DEST meanwhile.
 fn snapshot_already_there(
     cfg: &SyncConfig,
     state_dir: &OwnedFd,
     started: Instant,
 ) -> Option<Outcome> {
     let snapshot = cfg.snapshot.as_ref()?;
-    let ready = ready::read(state_dir)
-        .filter(|r| r.snapshot.as_deref() == Some(snapshot.digest.as_str()))?;
+    let ready = ready::read(state_dir).filter(|r| {
+        r.snapshot.as_deref() == Some(snapshot.digest.as_str())
+            && r.include == cfg.include
+            && r.exclude == cfg.exclude
+    })?;
     tracing::info!("DEST already holds snapshot {} (READY)", snapshot.digest);
     let summary = Summary {
         version: REPORT_VERSION,

@@ -24,6 +24,9 @@ pub struct SourceInfo {
     pub prefix: String,
     pub include: Vec<String>,
     pub exclude: Vec<String>,
+    /// Digest of the snapshot the dataset was hydrated from, if any.
+    #[serde(default)]
+    pub snapshot: Option<String>,
 }
 
 /// One journal entry.

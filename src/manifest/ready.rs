@@ -26,6 +26,9 @@ pub struct Ready {
     pub source: String,
     /// Digest of the snapshot file this dataset was hydrated from, if any.
     pub snapshot: Option<String>,
+    /// The `--include` / `--exclude` globs that selected the dataset.
+    pub include: Vec<String>,
+    pub exclude: Vec<String>,
     pub completed_at: String,
 }
 

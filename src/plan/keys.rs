@@ -15,6 +15,8 @@ use std::fmt;
 pub const STATE_DIR: &str = ".hydrator";
 const PARTIAL_SUFFIX: &str = ".partial";
 const MAX_NAME_LEN: usize = 255;
+/// The file name itself must leave room for `.NAME.partial` within the 255-byte limit.
+const MAX_FILE_NAME_LEN: usize = MAX_NAME_LEN - 1 - PARTIAL_SUFFIX.len();
 
 /// A relative path under DEST whose segments are all plain names.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -81,12 +83,18 @@ pub fn plan_key(prefix: &str, key: &str, size: u64) -> KeyPlan {
         return KeyPlan::Refused("key is an absolute path".into());
     }
     let segments: Vec<String> = relative.split('/').map(str::to_string).collect();
-    for segment in &segments {
+    let last = segments.len() - 1;
+    for (i, segment) in segments.iter().enumerate() {
+        let limit = if i == last {
+            MAX_FILE_NAME_LEN
+        } else {
+            MAX_NAME_LEN
+        };
         let why = match segment.as_str() {
             "" => Some("key has an empty path segment ('//')".to_string()),
             "." | ".." => Some(format!("key has a {segment:?} path segment")),
-            s if s.len() > MAX_NAME_LEN => Some(format!(
-                "key has a path segment of {} bytes (the limit is {MAX_NAME_LEN})",
+            s if s.len() > limit => Some(format!(
+                "key has a path segment of {} bytes (the limit is {limit})",
                 s.len()
             )),
             s if is_partial_name(s) => Some(format!(
@@ -146,7 +154,9 @@ mod tests {
             assert!(refused(key), "{key:?} should be refused");
         }
         assert!(refused(&"n".repeat(256)));
-        assert!(!refused(&"n".repeat(255)));
+        assert!(refused(&"n".repeat(247)), "no room for .NAME.partial");
+        assert!(!refused(&"n".repeat(246)));
+        assert!(!refused(&format!("{}/x", "d".repeat(255))));
     }
 
     #[test]

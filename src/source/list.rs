@@ -1,7 +1,10 @@
 //! The listing, streamed page by page into a bounded queue, so the first GET starts with the
 //! first page and memory does not grow with the number of objects.
 
+use std::panic::AssertUnwindSafe;
 use std::time::SystemTime;
+
+use futures::FutureExt;
 
 use tokio::sync::mpsc;
 
@@ -51,9 +54,16 @@ pub fn spawn(
 ) -> mpsc::Receiver<Result<ObjectEntry, SyncError>> {
     let (tx, rx) = mpsc::channel(LISTING_QUEUE);
     tokio::spawn(async move {
-        if let Err(err) = list_into(&client, &url, &tx).await {
-            let _ = tx.send(Err(err)).await;
-        }
+        // A panic must end the queue with an error too: a queue that just closes is complete.
+        let listed = AssertUnwindSafe(list_into(&client, &url, &tx))
+            .catch_unwind()
+            .await;
+        let failure = match listed {
+            Ok(Ok(())) => return,
+            Ok(Err(err)) => err,
+            Err(_) => SyncError::Listing(format!("listing {url}: the listing task failed")),
+        };
+        let _ = tx.send(Err(failure)).await;
     });
     rx
 }
@@ -89,16 +99,17 @@ async fn list_into(
                 return Ok(()); // the run stopped listening
             }
         }
-        match page.next_continuation_token() {
-            Some(next) if page.is_truncated() == Some(true) => {
-                if next.is_empty() {
-                    return Err(SyncError::Listing(format!(
-                        "listing {url}: the server said the listing continues but gave no continuation token"
-                    )));
-                }
-                token = Some(next.to_string());
+        if page.is_truncated() != Some(true) {
+            return Ok(());
+        }
+        // A listing that says it continues but cannot be continued is incomplete, never done.
+        match page.next_continuation_token().filter(|next| !next.is_empty()) {
+            Some(next) => token = Some(next.to_string()),
+            None => {
+                return Err(SyncError::Listing(format!(
+                    "listing {url}: the server said the listing continues but gave no continuation token"
+                )))
             }
-            _ => return Ok(()),
         }
     }
 }

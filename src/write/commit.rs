@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::dest::{self, Dest, FinalStat};
+use super::dest::{self, Dest, FinalStat, Syncer};
 use crate::manifest::{Completed, Manifest};
 use crate::plan::keys::RelPath;
 
@@ -42,10 +42,11 @@ pub struct Committer {
 
 impl Committer {
     /// Starts the committer task; it ends when the last handle is dropped.
-    pub fn start(dest: Arc<Dest>, manifest: Arc<Manifest>) -> Self {
+    pub fn start(dest: Arc<Dest>, manifest: Arc<Manifest>) -> io::Result<Self> {
+        let syncer = Arc::new(dest.syncer()?);
         let (tx, rx) = mpsc::channel(BATCH_FILES);
-        tokio::spawn(run(dest, manifest, rx));
-        Self { tx }
+        tokio::spawn(run(dest, syncer, manifest, rx));
+        Ok(Self { tx })
     }
 
     /// Publishes `rel`'s partial file (object `key` at `etag`, hashing to `hash`) under its
@@ -74,7 +75,12 @@ impl Committer {
     }
 }
 
-async fn run(dest: Arc<Dest>, manifest: Arc<Manifest>, mut rx: mpsc::Receiver<Job>) {
+async fn run(
+    dest: Arc<Dest>,
+    syncer: Arc<Syncer>,
+    manifest: Arc<Manifest>,
+    mut rx: mpsc::Receiver<Job>,
+) {
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
         let deadline = tokio::time::Instant::now() + BATCH_WINDOW;
@@ -84,17 +90,18 @@ async fn run(dest: Arc<Dest>, manifest: Arc<Manifest>, mut rx: mpsc::Receiver<Jo
                 Ok(None) | Err(_) => break,
             }
         }
-        let (dest, manifest) = (dest.clone(), manifest.clone());
+        let (dest, syncer, manifest) = (dest.clone(), syncer.clone(), manifest.clone());
         let committed =
-            tokio::task::spawn_blocking(move || commit_batch(&dest, &manifest, batch)).await;
+            tokio::task::spawn_blocking(move || commit_batch(&dest, &syncer, &manifest, batch))
+                .await;
         if let Err(err) = committed {
             tracing::error!("commit batch panicked: {err}");
         }
     }
 }
 
-fn commit_batch(dest: &Dest, manifest: &Manifest, batch: Vec<Job>) {
-    if let Err(err) = dest.sync_filesystem() {
+fn commit_batch(dest: &Dest, syncer: &Syncer, manifest: &Manifest, batch: Vec<Job>) {
+    if let Err(err) = syncer.sync() {
         let msg = format!("syncing {}: {err}", dest.path().display());
         for job in batch {
             let _ = job.done.send(Err(io::Error::new(err.kind(), msg.clone())));
@@ -110,7 +117,7 @@ fn commit_batch(dest: &Dest, manifest: &Manifest, batch: Vec<Job>) {
             }
         }
     }
-    let synced = dest.sync_filesystem().and_then(|()| {
+    let synced = syncer.sync().and_then(|()| {
         for (job, stat) in &renamed {
             let completed = Completed {
                 blake3: *job.hash.as_bytes(),

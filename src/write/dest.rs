@@ -10,6 +10,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
+use super::buffer::DIRECT_IO_ALIGN;
 use crate::plan::keys::{RelPath, STATE_DIR};
 
 const DIR_MODE: libc::mode_t = 0o755;
@@ -121,7 +122,11 @@ impl Dest {
         };
         let partial = rel.partial_name();
         match stat_regular_at(&dir, &partial)? {
-            Some(stat) if stat.size == size => {}
+            // Under O_DIRECT the last block may already be written padded.
+            Some(stat)
+                if stat.size == size
+                    || (direct_io
+                        && stat.size == size.next_multiple_of(DIRECT_IO_ALIGN as u64)) => {}
             _ => return Ok(None),
         }
         let mut flags = libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
@@ -200,10 +205,22 @@ impl Dest {
         Ok((dir, file))
     }
 
+    /// A handle of its own for `syncfs` on DEST's filesystem.
+    pub fn syncer(&self) -> io::Result<Syncer> {
+        open_dir_at(&self.root, &cstring(".")?).map(Syncer)
+    }
+}
+
+/// `syncfs` through a descriptor of its own: the kernel reports a write-back error once to each
+/// open file description, so each party that must not miss one (the checkpointer, the
+/// committer) keeps its own handle.
+pub struct Syncer(OwnedFd);
+
+impl Syncer {
     /// Flushes every dirty page and inode of DEST's filesystem.
-    pub fn sync_filesystem(&self) -> io::Result<()> {
+    pub fn sync(&self) -> io::Result<()> {
         // SAFETY: valid fd.
-        check(unsafe { libc::syncfs(self.root.as_raw_fd()) })
+        check(unsafe { libc::syncfs(self.0.as_raw_fd()) })
     }
 }
 

@@ -13,8 +13,8 @@ use super::walk::walk;
 use crate::manifest::Manifest;
 use crate::plan::filter::KeyFilter;
 
-/// Removes unlisted files; returns how many. Manifest entries of objects not listed by this run
-/// are forgotten.
+/// Removes unlisted files; returns how many. Manifest entries of objects in the run's scope
+/// that it did not list are forgotten.
 pub fn remove_unlisted(dest: &Dest, manifest: &Manifest, filter: &KeyFilter) -> io::Result<u64> {
     let (keep, stale): (HashSet<String>, Vec<String>) = {
         let state = manifest.state();
@@ -27,7 +27,7 @@ pub fn remove_unlisted(dest: &Dest, manifest: &Manifest, filter: &KeyFilter) -> 
         let stale = state
             .objects
             .iter()
-            .filter(|(_, o)| !o.seen)
+            .filter(|(_, o)| !o.seen && filter.accepts(&o.path))
             .map(|(k, _)| k.clone())
             .collect();
         (keep, stale)
@@ -49,6 +49,6 @@ pub fn remove_unlisted(dest: &Dest, manifest: &Manifest, filter: &KeyFilter) -> 
         Ok(())
     })?;
     manifest.sync()?;
-    dest.sync_filesystem()?;
+    dest.syncer()?.sync()?;
     Ok(removed)
 }

@@ -489,3 +489,88 @@ fn snapshot_of_a_versioned_bucket_pins_versions() {
     assert_eq!(code(&gone), 1, "{}", text(&gone));
     assert!(text(&gone).contains("versioned/w.txt"), "{}", text(&gone));
 }
+
+/// A snapshot hydrated with filters is not the whole snapshot: a later unfiltered sync of it
+/// fetches the rest. A repair of a snapshot DEST stays pinned to the snapshot.
+#[test]
+fn snapshot_shortcut_respects_filters_and_repair_stays_pinned() {
+    let server = Server::local();
+    let expected = files(&[
+        ("keep/a.bin", content(180, 1000)),
+        ("rest/b.bin", content(181, 2000)),
+    ]);
+    server.seed("snapfilter/", &expected);
+    let dir = tempfile::tempdir().unwrap();
+    let lock = dir.path().join("dataset.lock");
+    let url = format!("s3://{}/snapfilter/", server.target.bucket);
+    let made = server.hydrator(&[
+        OsStr::new("snapshot"),
+        OsStr::new(&url),
+        OsStr::new("-o"),
+        lock.as_os_str(),
+    ]);
+    assert_eq!(code(&made), 0, "{}", text(&made));
+    let dest = dir.path().join("dest");
+    let sync = |extra: &[&str]| {
+        let mut args = vec![
+            OsStr::new("sync"),
+            OsStr::new("--snapshot"),
+            lock.as_os_str(),
+            dest.as_os_str(),
+        ];
+        args.extend(extra.iter().map(OsStr::new));
+        server.hydrator(&args)
+    };
+    assert_eq!(code(&sync(&["--include", "keep/**"])), 0);
+    assert!(!dest.join("rest/b.bin").exists());
+    let whole = sync(&[]);
+    assert_eq!(code(&whole), 0, "{}", text(&whole));
+    assert_mirror(&dest, &expected);
+
+    std::fs::remove_file(dest.join("rest/b.bin")).unwrap();
+    let unpinned = verify(&server, &dest, true);
+    assert_eq!(code(&unpinned), 2, "{}", text(&unpinned));
+    assert!(
+        text(&unpinned).contains("--snapshot"),
+        "{}",
+        text(&unpinned)
+    );
+    let pinned = server.hydrator(&[
+        OsStr::new("verify"),
+        dest.as_os_str(),
+        OsStr::new("--repair"),
+        OsStr::new("--snapshot"),
+        lock.as_os_str(),
+    ]);
+    assert_eq!(code(&pinned), 0, "{}", text(&pinned));
+    assert_mirror(&dest, &expected);
+    assert!(ready(&dest).unwrap()["snapshot"].is_string());
+}
+
+#[test]
+fn delete_keeps_local_copies_when_objects_failed() {
+    let server = Server::local();
+    server.seed(
+        "delfail/",
+        &files(&[
+            ("ok.txt", content(190, 10)),
+            ("bad.bin", content(191, 3 * MIB)),
+        ]),
+    );
+    let (_tmp, dest) = temp_dest();
+    std::fs::create_dir_all(&dest).unwrap();
+    std::fs::write(dest.join("stale.txt"), b"old").unwrap();
+    server.faults.add(
+        crate::support::faults::Rule::get(
+            "bad.bin",
+            crate::support::faults::Fault::TruncateBody(10),
+        )
+        .times(usize::MAX),
+    );
+    let run = server.sync("delfail/", &dest, &["--delete", "--part-size", "1MiB"]);
+    run.assert_code(1);
+    assert!(
+        dest.join("stale.txt").exists(),
+        "nothing is deleted by a run that failed"
+    );
+}

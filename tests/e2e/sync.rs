@@ -585,3 +585,21 @@ fn bytes_corrupted_in_transit_are_caught_by_the_end_to_end_checksum() {
     );
     assert!(!other.join("multi.bin").exists());
 }
+
+#[test]
+fn a_listing_that_cannot_be_continued_is_never_complete() {
+    let server = Server::local();
+    server.seed("cut/", &files(&[("a", content(170, 10))]));
+    server
+        .faults
+        .add(Rule::listing(Fault::TruncatedWithoutToken));
+    let (_tmp, dest) = temp_dest();
+    let run = server.sync("cut/", &dest, &[]);
+    run.assert_code(1);
+    assert!(
+        run.stderr().contains("no continuation token"),
+        "{}",
+        run.stderr()
+    );
+    assert!(!dest.join(".hydrator/READY").exists());
+}

@@ -34,6 +34,8 @@ pub enum Fault {
     ReplaceObject(Vec<u8>),
     /// These `(key, size)` entries are added to the listing page.
     InjectListing(Vec<(String, u64)>),
+    /// The listing page says it is truncated but gives no continuation token.
+    TruncatedWithoutToken,
 }
 
 /// Which requests a rule applies to.
@@ -188,7 +190,8 @@ impl FaultyS3 {
                 f @ (Fault::TruncateBody(_)
                 | Fault::StallBody(..)
                 | Fault::CorruptBody(_)
-                | Fault::InjectListing(_)),
+                | Fault::InjectListing(_)
+                | Fault::TruncatedWithoutToken),
             ) => body_fault = Some(f),
             None => {}
         }
@@ -215,8 +218,15 @@ impl FaultyS3 {
                 let mut xml = self
                     .add_etags(&path, &String::from_utf8_lossy(&bytes))
                     .await?;
-                if let Some(Fault::InjectListing(extra)) = body_fault {
-                    xml = inject_listing(&xml, &extra);
+                match body_fault {
+                    Some(Fault::InjectListing(extra)) => xml = inject_listing(&xml, &extra),
+                    Some(Fault::TruncatedWithoutToken) => {
+                        xml = xml.replace(
+                            "<IsTruncated>false</IsTruncated>",
+                            "<IsTruncated>true</IsTruncated>",
+                        )
+                    }
+                    _ => {}
                 }
                 parts.headers.remove("content-length");
                 FaultBody::full(Bytes::from(xml))
