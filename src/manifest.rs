@@ -19,7 +19,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use blake3::hazmat::ChainingValue;
 
-use journal::{read_records, JournalWriter, Record, SourceInfo, FORMAT_VERSION};
+use journal::{JournalWriter, Record, SourceInfo, FORMAT_VERSION};
 
 use crate::write::dest::{self, Dest};
 
@@ -192,6 +192,11 @@ pub fn parse_hex32(text: &str) -> Option<[u8; 32]> {
     blake3::Hash::from_hex(text).ok().map(|h| *h.as_bytes())
 }
 
+/// Whether two sources are the same dataset (filters and snapshot may differ).
+fn same_dataset(a: &SourceInfo, b: &SourceInfo) -> bool {
+    a.endpoint == b.endpoint && a.bucket == b.bucket && a.prefix == b.prefix
+}
+
 /// The open manifest of a DEST.
 pub struct Manifest {
     dir: OwnedFd,
@@ -206,36 +211,39 @@ impl Manifest {
     pub fn open(dest: &Dest, source: &SourceInfo) -> io::Result<Self> {
         let dir = dest.state_dir()?;
         let mut file = dest::open_in(&dir, JOURNAL, libc::O_RDWR | libc::O_CREAT)?;
-        let (records, intact) = read_records(&mut file)?;
-        let count = records.len() as u64;
         let mut state = State::default();
-        let mut records = records.into_iter();
-        let mut header_current = false;
-        let same_source = match records.next() {
-            Some(Record::Header {
-                version: FORMAT_VERSION,
-                source: old,
-            }) => {
-                header_current = old == *source;
-                let same = old.endpoint == source.endpoint
-                    && old.bucket == source.bucket
-                    && old.prefix == source.prefix;
-                if !same {
-                    tracing::warn!(
-                        "DEST was mirrored from s3://{}/{} before; starting a new manifest for s3://{}/{}",
-                        old.bucket, old.prefix, source.bucket, source.prefix
-                    );
+        let mut header: Option<Option<SourceInfo>> = None;
+        let (count, intact) = journal::replay(&mut file, &mut |record| {
+            match &header {
+                None => {
+                    header = Some(match record {
+                        Record::Header {
+                            version: FORMAT_VERSION,
+                            source: old,
+                        } => Some(old),
+                        _ => None,
+                    });
+                    // Records of another source or format are not read at all.
+                    header
+                        .as_ref()
+                        .is_some_and(|h| h.as_ref().is_some_and(|old| same_dataset(old, source)))
                 }
-                same
+                Some(_) => {
+                    state.apply(record);
+                    true
+                }
             }
-            Some(_) => {
-                tracing::warn!("the manifest has an unknown format; starting a new one");
-                false
+        })?;
+        let header_current = matches!(&header, Some(Some(old)) if old == source);
+        match &header {
+            Some(Some(old)) if !same_dataset(old, source) => {
+                tracing::warn!(
+                "DEST was mirrored from s3://{}/{} before; starting a new manifest for s3://{}/{}",
+                old.bucket, old.prefix, source.bucket, source.prefix
+            )
             }
-            None => false,
-        };
-        if same_source {
-            records.for_each(|r| state.apply(r));
+            Some(None) => tracing::warn!("the manifest has an unknown format; starting a new one"),
+            _ => {}
         }
         file.set_len(intact)?;
         file.seek(SeekFrom::End(0))?;
@@ -260,11 +268,15 @@ impl Manifest {
             Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(err) => return Err(err),
         };
-        let (records, _) = read_records(&mut file)?;
+        let mut first = None;
+        journal::replay(&mut file, &mut |record| {
+            first = Some(record);
+            false
+        })?;
         let Some(Record::Header {
             version: FORMAT_VERSION,
             source,
-        }) = records.first().cloned()
+        }) = first
         else {
             return Ok(None);
         };

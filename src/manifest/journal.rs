@@ -7,7 +7,7 @@
 //! to a temporary file, syncs it and renames it over the journal.
 
 use std::fs::File;
-use std::io::{self, BufWriter, Read, Write};
+use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 
 use serde::{Deserialize, Serialize};
 
@@ -65,31 +65,50 @@ pub enum Record {
     Forget { key: String },
 }
 
-/// Reads every intact record; returns them and the length of the intact prefix.
-pub fn read_records(file: &mut File) -> io::Result<(Vec<Record>, u64)> {
-    let mut bytes = Vec::new();
-    file.read_to_end(&mut bytes)?;
-    let mut records = Vec::new();
-    let mut offset = 0usize;
-    while bytes.len() - offset >= HEADER_LEN {
-        let len =
-            u32::from_le_bytes(bytes[offset..offset + 4].try_into().expect("4 bytes")) as usize;
-        let check = &bytes[offset + 4..offset + HEADER_LEN];
-        let start = offset + HEADER_LEN;
-        if len > MAX_RECORD || bytes.len() - start < len {
+/// Streams the intact records to `visit` (which returns false to stop early) and returns how
+/// many were read and the length of the intact prefix. Memory stays at one record.
+pub fn replay(file: &mut File, visit: &mut dyn FnMut(Record) -> bool) -> io::Result<(u64, u64)> {
+    file.seek(SeekFrom::Start(0))?;
+    let mut reader = BufReader::with_capacity(1 << 20, &mut *file);
+    let (mut count, mut intact) = (0u64, 0u64);
+    let mut header = [0u8; HEADER_LEN];
+    let mut payload = Vec::new();
+    loop {
+        if read_full(&mut reader, &mut header)? < HEADER_LEN {
             break;
         }
-        let payload = &bytes[start..start + len];
-        if &blake3::hash(payload).as_bytes()[..8] != check {
+        let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+        if len > MAX_RECORD {
             break;
         }
-        let Ok(record) = serde_json::from_slice::<Record>(payload) else {
+        payload.resize(len, 0);
+        if read_full(&mut reader, &mut payload)? < len
+            || blake3::hash(&payload).as_bytes()[..8] != header[4..]
+        {
+            break;
+        }
+        let Ok(record) = serde_json::from_slice::<Record>(&payload) else {
             break;
         };
-        records.push(record);
-        offset = start + len;
+        count += 1;
+        intact += (HEADER_LEN + len) as u64;
+        if !visit(record) {
+            break;
+        }
     }
-    Ok((records, offset as u64))
+    Ok((count, intact))
+}
+
+/// Reads as much of `buf` as the file still holds.
+fn read_full(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match reader.read(&mut buf[filled..])? {
+            0 => break,
+            n => filled += n,
+        }
+    }
+    Ok(filled)
 }
 
 /// Frames one record.
@@ -132,7 +151,15 @@ impl JournalWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::{Seek, SeekFrom};
+
+    fn read_records(file: &mut File) -> io::Result<(Vec<Record>, u64)> {
+        let mut records = Vec::new();
+        let (_, intact) = replay(file, &mut |r| {
+            records.push(r);
+            true
+        })?;
+        Ok((records, intact))
+    }
 
     fn forget(i: usize) -> Record {
         Record::Forget {
