@@ -132,13 +132,14 @@ impl State {
     }
 
     /// The records that rebuild this state.
-    fn records(&self, source: &SourceInfo) -> Vec<Record> {
-        let mut records = vec![Record::Header {
+    /// Writes the records that rebuild this state, one at a time.
+    fn write_records(&self, source: &SourceInfo, out: &mut JournalWriter) -> io::Result<()> {
+        out.append(&Record::Header {
             version: FORMAT_VERSION,
             source: source.clone(),
-        }];
+        })?;
         for (key, o) in &self.objects {
-            records.push(Record::Object {
+            out.append(&Record::Object {
                 key: key.clone(),
                 path: o.path.clone(),
                 size: o.size,
@@ -146,19 +147,19 @@ impl State {
                 last_modified_ns: o.last_modified_ns,
                 part_size: o.part_size,
                 attempt: o.attempt,
-            });
+            })?;
             if !o.parts.is_empty() {
-                records.push(parts_record(
+                out.append(&parts_record(
                     key,
                     o.attempt,
-                    o.parts.iter().map(|(i, cv)| (*i, *cv)),
-                ));
+                    o.parts.iter().map(|(i, p)| (*i, *p)),
+                ))?;
             }
             if let Some(c) = &o.complete {
-                records.push(complete_record(key, &o.etag, c));
+                out.append(&complete_record(key, &o.etag, c))?;
             }
         }
-        records
+        Ok(())
     }
 }
 
@@ -352,16 +353,13 @@ impl Manifest {
     /// Rewrites the journal as the live state: temp file, sync, rename, sync the directory.
     pub fn compact(&self) -> io::Result<()> {
         let mut journal = self.journal.lock().expect("journal lock");
-        let records = self.state().records(&self.source);
         let tmp = dest::open_in(
             &self.dir,
             JOURNAL_TMP,
             libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
         )?;
         let mut writer = JournalWriter::new(tmp);
-        for record in &records {
-            writer.append(record)?;
-        }
+        self.state().write_records(&self.source, &mut writer)?;
         writer.sync()?;
         dest::rename_in(&self.dir, JOURNAL_TMP, JOURNAL)?;
         dest::sync_dir(&self.dir)?;
