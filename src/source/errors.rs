@@ -29,6 +29,14 @@ where
             classify_status(status, code, message, what)
         }
         SdkError::TimeoutError(_) => Classified::Retryable(format!("{what}: timed out")),
+        SdkError::DispatchFailure(failure)
+            if failure.as_connector_error().is_some_and(|e| caused_by_credentials(e)) =>
+        {
+            Classified::Usage(format!(
+            "{what}: no usable credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile, or web identity): {}",
+            describe_chain(err)
+        ))
+        }
         SdkError::DispatchFailure(failure) => {
             let detail = describe_chain(err);
             if failure.is_io() || failure.is_timeout() {
@@ -74,6 +82,18 @@ fn classify_status(status: u16, code: &str, message: &str, what: &str) -> Classi
         }
         _ => Classified::Fatal(format!("{what}: {detail}")),
     }
+}
+
+/// Whether resolving credentials is what failed (none found, or the provider broke).
+fn caused_by_credentials(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(err);
+    while let Some(e) = cause {
+        if e.is::<aws_credential_types::provider::error::CredentialsError>() {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
 }
 
 /// The error and its sources on one line, for a person to read.

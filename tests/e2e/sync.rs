@@ -603,3 +603,25 @@ fn a_listing_that_cannot_be_continued_is_never_complete() {
     );
     assert!(!dest.join(".hydrator/READY").exists());
 }
+
+#[test]
+fn missing_credentials_are_a_usage_error() {
+    let server = Server::local();
+    let (_tmp, dest) = temp_dest();
+    let output = support::hydrator_command(&server.target)
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .args(["sync", "s3://hydrator-test/x/"])
+        .arg(&dest)
+        .args([
+            "--endpoint-url",
+            &server.target.endpoint,
+            "--progress",
+            "none",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("no usable credentials"), "{stderr}");
+}
