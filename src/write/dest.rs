@@ -28,16 +28,23 @@ pub struct FinalStat {
     pub size: u64,
     pub mtime_ns: u64,
     pub inode: u64,
+    pub links: u64,
 }
 
 impl FinalStat {
+    #[allow(clippy::unnecessary_cast)] // st_nlink is u32 on some targets
     fn of(st: &libc::stat) -> Self {
         Self {
             size: st.st_size as u64,
             mtime_ns: st.st_mtime as u64 * 1_000_000_000 + st.st_mtime_nsec as u64,
             inode: st.st_ino,
+            links: st.st_nlink as u64,
         }
     }
+}
+
+fn resumable_size(on_disk: u64, size: u64, direct_io: bool) -> bool {
+    on_disk == size || (direct_io && on_disk == size.next_multiple_of(DIRECT_IO_ALIGN as u64))
 }
 
 /// Nanoseconds since the epoch, as kept in the manifest.
@@ -122,11 +129,9 @@ impl Dest {
         };
         let partial = rel.partial_name();
         match stat_regular_at(&dir, &partial)? {
-            // Under O_DIRECT the last block may already be written padded.
-            Some(stat)
-                if stat.size == size
-                    || (direct_io
-                        && stat.size == size.next_multiple_of(DIRECT_IO_ALIGN as u64)) => {}
+            // A hard link planted at the partial name would make writes land in another file;
+            // under O_DIRECT the last block may already be written padded.
+            Some(stat) if stat.links == 1 && resumable_size(stat.size, size, direct_io) => {}
             _ => return Ok(None),
         }
         let mut flags = libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
@@ -368,6 +373,19 @@ mod tests {
         let err = dest.create_partial(&rel("evil/x.bin"), false).unwrap_err();
         assert!(err.to_string().contains("symlink"), "{err}");
         assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_hard_linked_partial_is_not_resumed() {
+        let root = tempfile::tempdir().unwrap();
+        let dest = Dest::open(root.path()).unwrap();
+        let path = rel("x.bin");
+        let (_, file) = dest.create_partial(&path, false).unwrap();
+        file.set_len(10).unwrap();
+        assert!(dest.reopen_partial(&path, false, 10).unwrap().is_some());
+        let elsewhere = root.path().join("elsewhere");
+        std::fs::hard_link(root.path().join(".x.bin.partial"), &elsewhere).unwrap();
+        assert!(dest.reopen_partial(&path, false, 10).unwrap().is_none());
     }
 
     #[test]
