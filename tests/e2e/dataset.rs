@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
@@ -370,12 +370,9 @@ fn lock_timeout_bounds_the_wait() {
     assert!(run.stderr().contains("timed out"), "{}", run.stderr());
 }
 
-fn check_snapshot(server: &Server, prefix: &str) {
-    let expected = files(&[
-        ("m.bin", content(140, 2 * MIB + 3)),
-        ("n.txt", content(141, 10)),
-    ]);
-    server.seed(prefix, &expected);
+/// Runs `hydrator snapshot` of `prefix` into a new directory; returns it, the snapshot file and
+/// its content.
+fn make_snapshot(server: &Server, prefix: &str) -> (tempfile::TempDir, PathBuf, serde_json::Value) {
     let dir = tempfile::tempdir().unwrap();
     let lock = dir.path().join("dataset.lock");
     let url = format!("s3://{}/{prefix}", server.target.bucket);
@@ -386,8 +383,17 @@ fn check_snapshot(server: &Server, prefix: &str) {
         lock.as_os_str(),
     ]);
     assert_eq!(code(&made), 0, "{}", text(&made));
-    let snapshot: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&lock).unwrap()).unwrap();
+    let snapshot = serde_json::from_slice(&std::fs::read(&lock).unwrap()).unwrap();
+    (dir, lock, snapshot)
+}
+
+fn check_snapshot(server: &Server, prefix: &str) {
+    let expected = files(&[
+        ("m.bin", content(140, 2 * MIB + 3)),
+        ("n.txt", content(141, 10)),
+    ]);
+    server.seed(prefix, &expected);
+    let (dir, lock, snapshot) = make_snapshot(server, prefix);
     assert_eq!(snapshot["objects"], 2);
 
     let dest = dir.path().join("dest");
@@ -445,18 +451,7 @@ fn snapshot_of_a_versioned_bucket_pins_versions() {
         ("w.txt", content(161, 10)),
     ]);
     server.seed("versioned/", &expected);
-    let dir = tempfile::tempdir().unwrap();
-    let lock = dir.path().join("dataset.lock");
-    let url = format!("s3://{}/versioned/", server.target.bucket);
-    let made = server.hydrator(&[
-        OsStr::new("snapshot"),
-        OsStr::new(&url),
-        OsStr::new("-o"),
-        lock.as_os_str(),
-    ]);
-    assert_eq!(code(&made), 0, "{}", text(&made));
-    let snapshot: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&lock).unwrap()).unwrap();
+    let (dir, lock, snapshot) = make_snapshot(&server, "versioned/");
     let versions: Vec<&str> = snapshot["entries"]
         .as_array()
         .unwrap()
@@ -500,16 +495,7 @@ fn snapshot_shortcut_respects_filters_and_repair_stays_pinned() {
         ("rest/b.bin", content(181, 2000)),
     ]);
     server.seed("snapfilter/", &expected);
-    let dir = tempfile::tempdir().unwrap();
-    let lock = dir.path().join("dataset.lock");
-    let url = format!("s3://{}/snapfilter/", server.target.bucket);
-    let made = server.hydrator(&[
-        OsStr::new("snapshot"),
-        OsStr::new(&url),
-        OsStr::new("-o"),
-        lock.as_os_str(),
-    ]);
-    assert_eq!(code(&made), 0, "{}", text(&made));
+    let (dir, lock, _) = make_snapshot(&server, "snapfilter/");
     let dest = dir.path().join("dest");
     let sync = |extra: &[&str]| {
         let mut args = vec![
