@@ -139,15 +139,7 @@ impl State {
             source: source.clone(),
         })?;
         for (key, o) in &self.objects {
-            out.append(&Record::Object {
-                key: key.clone(),
-                path: o.path.clone(),
-                size: o.size,
-                etag: o.etag.clone(),
-                last_modified_ns: o.last_modified_ns,
-                part_size: o.part_size,
-                attempt: o.attempt,
-            })?;
+            out.append(&object_record(key, o))?;
             if !o.parts.is_empty() {
                 out.append(&parts_record(
                     key,
@@ -160,6 +152,18 @@ impl State {
             }
         }
         Ok(())
+    }
+}
+
+fn object_record(key: &str, o: &ObjectState) -> Record {
+    Record::Object {
+        key: key.to_string(),
+        path: o.path.clone(),
+        size: o.size,
+        etag: o.etag.clone(),
+        last_modified_ns: o.last_modified_ns,
+        part_size: o.part_size,
+        attempt: o.attempt,
     }
 }
 
@@ -297,6 +301,11 @@ impl Manifest {
         self.state().objects.get(key).cloned()
     }
 
+    /// Looks at `key`'s state without copying it.
+    pub fn inspect<T>(&self, key: &str, look: impl FnOnce(Option<&ObjectState>) -> T) -> T {
+        look(self.state().objects.get(key))
+    }
+
     fn record(&self, record: Record) -> io::Result<()> {
         self.journal.lock().expect("journal lock").append(&record)?;
         self.state().apply(record);
@@ -305,15 +314,7 @@ impl Manifest {
 
     /// A download of this version starts from nothing.
     pub fn start_object(&self, key: &str, object: &ObjectState) -> io::Result<()> {
-        self.record(Record::Object {
-            key: key.to_string(),
-            path: object.path.clone(),
-            size: object.size,
-            etag: object.etag.clone(),
-            last_modified_ns: object.last_modified_ns,
-            part_size: object.part_size,
-            attempt: object.attempt,
-        })
+        self.record(object_record(key, object))
     }
 
     /// These parts of `key`'s download `attempt` are durable.

@@ -78,7 +78,8 @@ pub struct Summary {
     pub bytes: ByteCounts,
     pub part_retries: u64,
     pub object_restarts: u64,
-    pub io_backend: Backend,
+    /// The write backend that ran; `null` when the run wrote nothing (a snapshot already there).
+    pub io_backend: Option<Backend>,
     pub io_backend_fallback_reason: Option<String>,
     pub duration_seconds: f64,
     pub throughput_bytes_per_second: f64,
@@ -90,7 +91,7 @@ impl Summary {
     pub fn one_line(&self) -> String {
         let o = &self.objects;
         format!(
-            "hydrator: {} {} objects ({}) from {} to {}: {} downloaded, {} up to date, {} failed in {:.1} s ({}/s, {} writes)",
+            "hydrator: {} {} objects ({}) from {} to {}: {} downloaded, {} up to date, {} failed in {:.1} s ({}/s, {})",
             if self.result == "complete" { "mirrored" } else { "INCOMPLETE:" },
             o.total,
             human_bytes(self.bytes.total),
@@ -101,7 +102,10 @@ impl Summary {
             o.failed,
             self.duration_seconds,
             human_bytes(self.throughput_bytes_per_second as u64),
-            self.io_backend,
+            match self.io_backend {
+                Some(backend) => format!("{backend} writes"),
+                None => "nothing written".to_string(),
+            },
         )
     }
 }
@@ -204,7 +208,7 @@ mod tests {
             bytes: ByteCounts::default(),
             part_retries: 0,
             object_restarts: 0,
-            io_backend: Backend::Pwrite,
+            io_backend: Some(Backend::Pwrite),
             io_backend_fallback_reason: None,
             duration_seconds: 1.0,
             throughput_bytes_per_second: 0.0,

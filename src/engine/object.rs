@@ -106,15 +106,14 @@ pub async fn mirror_object(
 /// The file's hash when the manifest says it is published at this version and the file on disk
 /// is still the one published (size, mtime and inode unchanged).
 fn up_to_date(ctx: &Ctx, rel: &RelPath, entry: &ObjectEntry) -> std::io::Result<Option<[u8; 32]>> {
-    let Some(known) = ctx.manifest.lookup(&entry.key) else {
+    let done = ctx.manifest.inspect(&entry.key, |known| {
+        known
+            .filter(|k| k.etag == entry.etag && k.size == entry.size && rel.is(&k.path))
+            .and_then(|k| k.complete)
+    });
+    let Some(done) = done else {
         return Ok(None);
     };
-    let Some(done) = known.complete else {
-        return Ok(None);
-    };
-    if known.etag != entry.etag || known.size != entry.size || known.path != rel.to_string() {
-        return Ok(None);
-    }
     let Some(stat) = ctx.dest.stat_final(rel)? else {
         return Ok(None);
     };
@@ -202,8 +201,7 @@ async fn download(
             let keep = !matches!(err, PartError::Changed | PartError::ChecksumMismatch(_))
                 && ctx
                     .manifest
-                    .lookup(&object.key)
-                    .is_some_and(|o| !o.parts.is_empty());
+                    .inspect(&object.key, |o| o.is_some_and(|o| !o.parts.is_empty()));
             if !keep {
                 let partial = rel.partial_name();
                 let _ = blocking(move || {
@@ -237,51 +235,51 @@ async fn fetch_all_parts(
         false => full_object_checksum(&ctx.client, object).await?,
     };
     let mut fetched: Vec<Option<FetchedPart>> = vec![None; ranges.len()];
+    let mut to_fetch = Vec::new();
+    for (index, range) in ranges.iter().cloned().enumerate() {
+        match (whole_object, resumed.get(&(index as u32))) {
+            (false, Some(part)) => {
+                fetched[index] = Some(FetchedPart {
+                    digest: PartDigest::Subtree(part.cv),
+                    crc: part.crc,
+                });
+                Stats::add(&ctx.stats.bytes_resumed, range.end - range.start);
+            }
+            _ => to_fetch.push((index, range)),
+        }
+    }
     // Part tasks are started as request slots can take them, not all at once, so a huge
     // object does not hold one task per part.
-    let max_spawned = ctx.request_slots_total;
+    let mut to_fetch = to_fetch.into_iter();
     let mut parts = JoinSet::new();
-    for (index, range) in ranges.iter().cloned().enumerate() {
-        if let (false, Some(part)) = (whole_object, resumed.get(&(index as u32))) {
-            fetched[index] = Some(FetchedPart {
-                digest: PartDigest::Subtree(part.cv),
-                crc: part.crc,
-            });
-            Stats::add(&ctx.stats.bytes_resumed, range.end - range.start);
-            continue;
+    loop {
+        if parts.len() < ctx.request_slots_total {
+            if let Some((index, range)) = to_fetch.next() {
+                let target = PartTarget {
+                    file: file.clone(),
+                    pad_tail: ctx.direct_io && range.end == object.size,
+                    range,
+                    whole_object,
+                    crc: expected.map(|e| e.algorithm),
+                };
+                let (ctx, object) = (ctx.clone(), object.clone());
+                parts.spawn(async move { (index, fetch_part(ctx, object, target).await) });
+                continue;
+            }
         }
-        while parts.len() >= max_spawned {
-            let joined = parts.join_next().await.expect("parts are running");
-            absorb(
-                ctx,
-                object,
-                attempt,
-                &ranges,
-                &mut fetched,
-                &mut parts,
-                joined,
-            )?;
-        }
-        let target = PartTarget {
-            file: file.clone(),
-            pad_tail: ctx.direct_io && range.end == object.size,
-            range,
-            whole_object,
-            crc: expected.map(|e| e.algorithm),
+        let Some(joined) = parts.join_next().await else {
+            break;
         };
-        let (ctx, object) = (ctx.clone(), object.clone());
-        parts.spawn(async move { (index, fetch_part(ctx, object, target).await) });
-    }
-    while let Some(joined) = parts.join_next().await {
-        absorb(
-            ctx,
-            object,
-            attempt,
-            &ranges,
-            &mut fetched,
-            &mut parts,
-            joined,
-        )?;
+        let (index, result) =
+            joined.map_err(|err| PartError::Fatal(format!("part task failed: {err}")))?;
+        let part = result.inspect_err(|_| parts.abort_all())?;
+        if let PartDigest::Subtree(cv) = part.digest {
+            let len = ranges[index].end - ranges[index].start;
+            let durable = DurablePart { cv, crc: part.crc };
+            ctx.checkpoints
+                .part_written(&object.key, attempt, index as u32, durable, len);
+        }
+        fetched[index] = Some(part);
     }
     let fetched: Vec<FetchedPart> = fetched
         .into_iter()
@@ -292,38 +290,6 @@ async fn fetch_all_parts(
     }
     let digests: Vec<PartDigest> = fetched.iter().map(|p| p.digest).collect();
     Ok(merge_parts(&digests, object.size, ctx.part_size))
-}
-
-type PartTask = (usize, Result<FetchedPart, PartError>);
-
-/// Books a finished part task: records it for the next checkpoint, or stops the others.
-fn absorb(
-    ctx: &Ctx,
-    object: &PinnedObject,
-    attempt: u64,
-    ranges: &[std::ops::Range<u64>],
-    fetched: &mut [Option<FetchedPart>],
-    parts: &mut JoinSet<PartTask>,
-    joined: Result<PartTask, tokio::task::JoinError>,
-) -> Result<(), PartError> {
-    let (index, result) =
-        joined.map_err(|err| PartError::Fatal(format!("part task failed: {err}")))?;
-    match result {
-        Ok(part) => {
-            if let PartDigest::Subtree(cv) = part.digest {
-                let len = ranges[index].end - ranges[index].start;
-                let durable = DurablePart { cv, crc: part.crc };
-                ctx.checkpoints
-                    .part_written(&object.key, attempt, index as u32, durable, len);
-            }
-            fetched[index] = Some(part);
-            Ok(())
-        }
-        Err(err) => {
-            parts.abort_all();
-            Err(err)
-        }
-    }
 }
 
 fn check_crc(

@@ -40,6 +40,15 @@ impl RelPath {
             .expect("a RelPath has at least one segment")
     }
 
+    /// Whether `path` (segments joined by `/`) names this path.
+    pub fn is(&self, path: &str) -> bool {
+        let mut rest = path.split('/');
+        self.segments
+            .iter()
+            .all(|s| rest.next() == Some(s.as_str()))
+            && rest.next().is_none()
+    }
+
     /// Name of the in-flight sibling: `.NAME.partial`.
     pub fn partial_name(&self) -> String {
         format!(".{}{PARTIAL_SUFFIX}", self.file_name())
@@ -157,6 +166,17 @@ mod tests {
         assert!(refused(&"n".repeat(247)), "no room for .NAME.partial");
         assert!(!refused(&"n".repeat(246)));
         assert!(!refused(&format!("{}/x", "d".repeat(255))));
+    }
+
+    #[test]
+    fn compares_with_joined_paths() {
+        let KeyPlan::File(p) = plan_key("", "a/b c/d", 1) else {
+            panic!()
+        };
+        assert!(p.is("a/b c/d"));
+        assert!(!p.is("a/b c"));
+        assert!(!p.is("a/b c/d/e"));
+        assert!(!p.is("a/b c/x"));
     }
 
     #[test]

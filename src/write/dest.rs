@@ -155,9 +155,8 @@ impl Dest {
     }
 }
 
-/// Stat of the regular file `name` in `dir` (not following symlinks); `None` if absent or not
-/// a regular file.
-pub fn stat_regular_at(dir: &OwnedFd, name: &str) -> io::Result<Option<FinalStat>> {
+/// `fstatat(AT_SYMLINK_NOFOLLOW)` of `name` in `dir`; `None` if it does not exist.
+pub fn lstat_at(dir: &OwnedFd, name: &str) -> io::Result<Option<libc::stat>> {
     let name = cstring(name)?;
     // SAFETY: an all-zero stat is a valid value for fstatat to overwrite.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -170,17 +169,22 @@ pub fn stat_regular_at(dir: &OwnedFd, name: &str) -> io::Result<Option<FinalStat
             libc::AT_SYMLINK_NOFOLLOW,
         )
     };
-    if rc != 0 {
-        let err = io::Error::last_os_error();
-        return match err.kind() {
-            io::ErrorKind::NotFound => Ok(None),
-            _ => Err(err),
-        };
+    if rc == 0 {
+        return Ok(Some(st));
     }
-    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-        return Ok(None);
+    let err = io::Error::last_os_error();
+    match err.kind() {
+        io::ErrorKind::NotFound => Ok(None),
+        _ => Err(err),
     }
-    Ok(Some(FinalStat::of(&st)))
+}
+
+/// Stat of the regular file `name` in `dir` (not following symlinks); `None` if absent or not
+/// a regular file.
+pub fn stat_regular_at(dir: &OwnedFd, name: &str) -> io::Result<Option<FinalStat>> {
+    Ok(lstat_at(dir, name)?
+        .filter(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG)
+        .map(|st| FinalStat::of(&st)))
 }
 
 impl Dest {

@@ -7,7 +7,7 @@ use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 
-use super::dest::{cstring, Dest};
+use super::dest::{cstring, lstat_at, Dest};
 use crate::plan::keys::STATE_DIR;
 
 /// An entry that is not a directory.
@@ -114,19 +114,6 @@ fn read_dir(dir: &OwnedFd) -> io::Result<Vec<(String, bool)>> {
 }
 
 fn is_real_dir(dir: &OwnedFd, name: &str) -> bool {
-    let Ok(c_name) = cstring(name) else {
-        return false;
-    };
-    // SAFETY: an all-zero stat is a valid value for fstatat to overwrite.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: valid dirfd, NUL-terminated name, writable stat.
-    let rc = unsafe {
-        libc::fstatat(
-            dir.as_raw_fd(),
-            c_name.as_ptr(),
-            &mut st,
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-    };
-    rc == 0 && st.st_mode & libc::S_IFMT == libc::S_IFDIR
+    lstat_at(dir, name)
+        .is_ok_and(|st| st.is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR))
 }

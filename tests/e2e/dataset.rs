@@ -424,6 +424,21 @@ fn check_snapshot(server: &Server, prefix: &str) {
         "no request when DEST holds the snapshot"
     );
     assert!(took < Duration::from_secs(5));
+    assert!(text(&again).contains("nothing written"), "{}", text(&again));
+    // The same against an endpoint where nothing listens (meaningful on every server: any
+    // request would fail the run).
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let nowhere = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let offline = server.hydrator(&[
+        OsStr::new("sync"),
+        OsStr::new("--snapshot"),
+        lock.as_os_str(),
+        dest.as_os_str(),
+        OsStr::new("--endpoint-url"),
+        OsStr::new(&nowhere),
+    ]);
+    assert_eq!(code(&offline), 0, "{}", text(&offline));
 
     // The object changes on the server: hydrating the snapshot elsewhere fails and names it.
     server.seed(prefix, &files(&[("m.bin", content(142, 100))]));
