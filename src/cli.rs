@@ -83,9 +83,10 @@ pub struct ConnectionOptions {
 pub struct SyncOptions {
     #[command(flatten)]
     pub connection: ConnectionOptions,
-    /// Ranged GETs in flight.
-    #[arg(long, env = "HYDRATOR_CONCURRENCY", default_value_t = config::DEFAULT_CONCURRENCY)]
-    pub concurrency: usize,
+    /// Ranged GETs in flight: auto (start at 4, climb while throughput grows, up to 64) or a
+    /// fixed number.
+    #[arg(long, env = "HYDRATOR_CONCURRENCY", default_value = "auto", value_parser = config::parse_concurrency)]
+    pub concurrency: config::Concurrency,
     /// Part size: a power of two ≥ 1MiB (e.g. 8MiB, 16M, 1048576).
     #[arg(long, env = "HYDRATOR_PART_SIZE", default_value = "8MiB", value_parser = config::parse_size)]
     pub part_size: u64,

@@ -95,7 +95,7 @@ pub async fn snapshot(args: SnapshotArgs) -> Result<Exit, SyncError> {
         .connection
         .apply(SyncConfig::new(url.clone(), Default::default()));
     config.validate()?;
-    let client = client::build(&config).await;
+    let client = client::build(&config, Default::default()).await;
     let snapshot = snapshot::create(client, &url, config.endpoint.clone()).await?;
     snapshot::write(&args.output, &snapshot)
         .map_err(|e| SyncError::Local(format!("writing {}: {e}", args.output.display())))?;

@@ -7,7 +7,10 @@ use crate::error::UsageError;
 
 pub const DEFAULT_PART_SIZE: u64 = 8 << 20;
 pub const MIN_PART_SIZE: u64 = 1 << 20;
-pub const DEFAULT_CONCURRENCY: usize = 16;
+/// Most requests in flight `--concurrency auto` may climb to.
+pub const AUTO_MAX_CONCURRENCY: usize = 64;
+/// Most requests in flight a fixed `--concurrency` may ask for.
+pub const MAX_CONCURRENCY: usize = 1024;
 /// Size of one pooled write buffer. Parts stream through several of these.
 pub const WRITE_BUFFER_SIZE: usize = 1 << 20;
 /// Pool buffers per in-flight GET: one being filled, one queued at a writer.
@@ -118,7 +121,7 @@ pub struct SyncConfig {
     pub region: Option<String>,
     pub path_style: bool,
     pub credentials: Option<StaticCredentials>,
-    pub concurrency: usize,
+    pub concurrency: Concurrency,
     pub part_size: u64,
     pub include: Vec<String>,
     pub exclude: Vec<String>,
@@ -144,7 +147,7 @@ impl SyncConfig {
             region: None,
             path_style: false,
             credentials: None,
-            concurrency: DEFAULT_CONCURRENCY,
+            concurrency: Concurrency::Auto,
             part_size: DEFAULT_PART_SIZE,
             include: vec![],
             exclude: vec![],
@@ -177,11 +180,12 @@ impl SyncConfig {
                 self.part_size
             )));
         }
-        if !(1..=1024).contains(&self.concurrency) {
-            return Err(UsageError::new(format!(
-                "--concurrency {} must be between 1 and 1024",
-                self.concurrency
-            )));
+        if let Concurrency::Fixed(n) = self.concurrency {
+            if !(1..=MAX_CONCURRENCY).contains(&n) {
+                return Err(UsageError::new(format!(
+                    "--concurrency {n} must be auto or between 1 and {MAX_CONCURRENCY}"
+                )));
+            }
         }
         if let Some(endpoint) = &self.endpoint {
             let ok = endpoint.starts_with("http://") || endpoint.starts_with("https://");
@@ -196,7 +200,52 @@ impl SyncConfig {
 
     /// Number of pooled write buffers; memory for data in flight is this × `WRITE_BUFFER_SIZE`.
     pub fn buffer_count(&self) -> usize {
-        self.concurrency * BUFFERS_PER_REQUEST + SPARE_BUFFERS
+        self.concurrency.max() * BUFFERS_PER_REQUEST + SPARE_BUFFERS
+    }
+}
+
+/// Requests in flight: adapted to what the run measures, or fixed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Concurrency {
+    Auto,
+    Fixed(usize),
+}
+
+impl Concurrency {
+    /// The requests in flight a run starts with.
+    pub fn initial(self) -> usize {
+        match self {
+            Self::Auto => crate::engine::adaptive::INITIAL,
+            Self::Fixed(n) => n,
+        }
+    }
+
+    /// The most requests in flight a run can reach.
+    pub fn max(self) -> usize {
+        match self {
+            Self::Auto => AUTO_MAX_CONCURRENCY,
+            Self::Fixed(n) => n,
+        }
+    }
+}
+
+impl std::fmt::Display for Concurrency {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Auto => f.write_str("auto"),
+            Self::Fixed(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+/// Parses `--concurrency`: `auto` or a number.
+pub fn parse_concurrency(text: &str) -> Result<Concurrency, String> {
+    match text.trim() {
+        "auto" => Ok(Concurrency::Auto),
+        n => n
+            .parse()
+            .map(Concurrency::Fixed)
+            .map_err(|_| format!("{text:?} is neither auto nor a number")),
     }
 }
 

@@ -10,6 +10,7 @@
 //! Memory for data in flight is the buffer pool, `(2 × concurrency + 4) × 1 MiB`, whatever the
 //! part size, object sizes or number of objects.
 
+pub mod adaptive;
 mod checkpoint;
 mod object;
 mod part;

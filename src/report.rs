@@ -80,6 +80,8 @@ pub struct Summary {
     pub object_restarts: u64,
     /// The write backend that ran; `null` when the run wrote nothing (a snapshot already there).
     pub io_backend: Option<Backend>,
+    /// The most GETs this run had in flight at once (the adaptive limit's peak).
+    pub peak_requests_in_flight: usize,
     pub io_backend_fallback_reason: Option<String>,
     pub duration_seconds: f64,
     pub throughput_bytes_per_second: f64,
@@ -209,6 +211,7 @@ mod tests {
             part_retries: 0,
             object_restarts: 0,
             io_backend: Some(Backend::Pwrite),
+            peak_requests_in_flight: 4,
             io_backend_fallback_reason: None,
             duration_seconds: 1.0,
             throughput_bytes_per_second: 0.0,

@@ -8,7 +8,7 @@ use aws_sdk_s3::primitives::ByteStream;
 use futures::{StreamExt, TryStreamExt};
 
 use super::server::EmbeddedS3;
-use crate::config::{S3Url, SyncConfig, DEFAULT_PART_SIZE};
+use crate::config::{Concurrency, S3Url, SyncConfig, DEFAULT_PART_SIZE};
 use crate::source::client;
 
 /// Uploads in flight while seeding.
@@ -63,7 +63,7 @@ pub async fn seed(
         endpoint: Some(server.endpoint.clone()),
         path_style: true,
         credentials: Some(server.credentials.clone()),
-        concurrency: UPLOADS,
+        concurrency: Concurrency::Fixed(UPLOADS),
         ..SyncConfig::new(
             S3Url {
                 bucket: bucket.into(),
@@ -71,7 +71,7 @@ pub async fn seed(
             },
             Default::default(),
         )
-    })
+    }, Default::default())
     .await;
     client
         .create_bucket()

@@ -253,7 +253,7 @@ async fn fetch_all_parts(
     let mut to_fetch = to_fetch.into_iter();
     let mut parts = JoinSet::new();
     loop {
-        if parts.len() < ctx.request_slots_total {
+        if parts.len() < ctx.request_slots.max() {
             if let Some((index, range)) = to_fetch.next() {
                 let target = PartTarget {
                     file: file.clone(),

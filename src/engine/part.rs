@@ -66,11 +66,7 @@ pub async fn fetch_part(
     object: Arc<PinnedObject>,
     target: PartTarget,
 ) -> Result<FetchedPart, PartError> {
-    let _slot = ctx
-        .request_slots
-        .acquire()
-        .await
-        .expect("slots never close");
+    let _slot = ctx.request_slots.acquire().await;
     let mut attempt = 0;
     loop {
         match try_part(&ctx, &object, &target).await {

@@ -7,11 +7,12 @@ use std::time::Instant;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
+use super::adaptive::{self, RequestSlots};
 use super::checkpoint::{self, Checkpoints};
 use super::object::mirror_object;
 use super::progress::Progress;
 use super::stats::Stats;
-use crate::config::{SyncConfig, WRITE_BUFFER_SIZE};
+use crate::config::{Concurrency, SyncConfig, WRITE_BUFFER_SIZE};
 use crate::error::{Exit, SyncError, UsageError};
 use crate::manifest::ready::{self, Ready};
 use crate::manifest::{journal, lock, Manifest};
@@ -42,9 +43,7 @@ pub struct Ctx {
     pub dest: Arc<Dest>,
     pub pool: BufferPool,
     pub writers: Writers,
-    pub request_slots: Semaphore,
-    /// The number of request slots (`--concurrency`).
-    pub request_slots_total: usize,
+    pub request_slots: Arc<RequestSlots>,
     pub stats: Arc<Stats>,
     pub committer: Committer,
     pub manifest: Arc<Manifest>,
@@ -105,16 +104,21 @@ pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
         Committer::start(dest.clone(), manifest.clone()).map_err(|e| local("opening DEST", e))?;
     let checkpointer = checkpoint::spawn(checkpoints.clone(), manifest.clone());
     let stats = Arc::new(Stats::default());
+    let request_slots = Arc::new(RequestSlots::new(
+        cfg.concurrency.initial(),
+        cfg.concurrency.max(),
+    ));
+    let controller = (cfg.concurrency == Concurrency::Auto)
+        .then(|| adaptive::spawn_controller(request_slots.clone(), stats.clone()));
     let ctx = Arc::new(Ctx {
-        client: client::build(&cfg).await,
+        client: client::build(&cfg, request_slots.throttled.clone()).await,
         bucket: cfg.source.bucket.clone(),
         part_size: cfg.part_size,
         direct_io: cfg.direct_io,
         dest: dest.clone(),
         pool: BufferPool::new(cfg.buffer_count(), WRITE_BUFFER_SIZE),
         writers,
-        request_slots: Semaphore::new(cfg.concurrency),
-        request_slots_total: cfg.concurrency,
+        request_slots: request_slots.clone(),
         stats: stats.clone(),
         committer,
         manifest: manifest.clone(),
@@ -135,7 +139,7 @@ pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
         Some(snapshot) => snapshot::spawn_entries(snapshot.clone()),
         None => list::spawn(ctx.client.clone(), cfg.source.clone()),
     };
-    let object_slots = Arc::new(Semaphore::new(cfg.concurrency * OBJECTS_PER_SLOT));
+    let object_slots = Arc::new(Semaphore::new(cfg.concurrency.max() * OBJECTS_PER_SLOT));
     let mut tasks = JoinSet::new();
     while let Some(item) = listing.recv().await {
         let entry = match item {
@@ -186,6 +190,9 @@ pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
     // Every object that counts as done has awaited its own durable commit; tasks of aborted
     // objects may still be unwinding and holding `ctx`.
     checkpointer.abort();
+    if let Some(controller) = controller {
+        controller.abort();
+    }
     let finished = {
         let (checkpoints, manifest) = (checkpoints.clone(), manifest.clone());
         tokio::task::spawn_blocking(move || checkpoints.flush(&manifest)).await
@@ -256,6 +263,7 @@ pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
         part_retries: Stats::get(&stats.part_retries),
         object_restarts: Stats::get(&stats.object_restarts),
         io_backend: Some(writers.backend),
+        peak_requests_in_flight: ctx.request_slots.peak(),
         io_backend_fallback_reason: writers.fallback_reason.clone(),
         duration_seconds: elapsed,
         throughput_bytes_per_second: downloaded_bytes as f64 / elapsed.max(1e-9),
@@ -335,6 +343,7 @@ fn snapshot_already_there(
         part_retries: 0,
         object_restarts: 0,
         io_backend: None,
+        peak_requests_in_flight: 0,
         io_backend_fallback_reason: None,
         duration_seconds: started.elapsed().as_secs_f64(),
         throughput_bytes_per_second: 0.0,

@@ -8,6 +8,13 @@ use aws_sdk_s3::config::{
     Credentials, Region, ResponseChecksumValidation, StalledStreamProtectionConfig,
 };
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use aws_sdk_s3::config::interceptors::BeforeDeserializationInterceptorContextRef;
+use aws_sdk_s3::config::{ConfigBag, Intercept, RuntimeComponents};
+use aws_smithy_runtime_api::box_error::BoxError;
+
 use crate::config::{self, SyncConfig};
 
 /// Retry tokens per in-flight request: the SDK's default bucket (500 tokens, 5 per retry) runs
@@ -18,7 +25,30 @@ const MIN_RETRY_TOKENS: usize = 500;
 /// unless set up otherwise).
 const DEFAULT_ENDPOINT_REGION: &str = "us-east-1";
 
-pub async fn build(cfg: &SyncConfig) -> aws_sdk_s3::Client {
+/// Counts throttling answers (429, 503), retried or not, into `throttled`.
+#[derive(Debug)]
+struct CountThrottling(Arc<AtomicU64>);
+
+impl Intercept for CountThrottling {
+    fn name(&self) -> &'static str {
+        "CountThrottling"
+    }
+
+    fn read_before_deserialization(
+        &self,
+        context: &BeforeDeserializationInterceptorContextRef<'_>,
+        _: &RuntimeComponents,
+        _: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        if matches!(context.response().status().as_u16(), 429 | 503) {
+            self.0.fetch_add(1, Relaxed);
+        }
+        Ok(())
+    }
+}
+
+/// The client for `cfg`; throttling answers are counted into `throttled`.
+pub async fn build(cfg: &SyncConfig, throttled: Arc<AtomicU64>) -> aws_sdk_s3::Client {
     let mut loader = aws_config::defaults(BehaviorVersion::latest());
     let region = cfg.region.clone().or_else(|| {
         cfg.endpoint
@@ -41,7 +71,7 @@ pub async fn build(cfg: &SyncConfig) -> aws_sdk_s3::Client {
         ));
     }
     let shared = loader.load().await;
-    let tokens = (cfg.concurrency * RETRY_TOKENS_PER_REQUEST).max(MIN_RETRY_TOKENS);
+    let tokens = (cfg.concurrency.max() * RETRY_TOKENS_PER_REQUEST).max(MIN_RETRY_TOKENS);
     let s3_config = aws_sdk_s3::config::Builder::from(&shared)
         .force_path_style(cfg.path_style)
         .retry_config(
@@ -66,6 +96,7 @@ pub async fn build(cfg: &SyncConfig) -> aws_sdk_s3::Client {
                 .build(),
         )
         .response_checksum_validation(ResponseChecksumValidation::WhenRequired)
+        .interceptor(CountThrottling(throttled))
         .build();
     aws_sdk_s3::Client::from_conf(s3_config)
 }
