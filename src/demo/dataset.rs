@@ -59,19 +59,22 @@ pub async fn seed(
     prefix: &str,
     total: u64,
 ) -> Result<Vec<ExpectedFile>, String> {
-    let client = client::build(&SyncConfig {
-        endpoint: Some(server.endpoint.clone()),
-        path_style: true,
-        credentials: Some(server.credentials.clone()),
-        concurrency: Concurrency::Fixed(UPLOADS),
-        ..SyncConfig::new(
-            S3Url {
-                bucket: bucket.into(),
-                prefix: prefix.into(),
-            },
-            Default::default(),
-        )
-    }, Default::default())
+    let client = client::build(
+        &SyncConfig {
+            endpoint: Some(server.endpoint.clone()),
+            path_style: true,
+            credentials: Some(server.credentials.clone()),
+            concurrency: Concurrency::Fixed(UPLOADS),
+            ..SyncConfig::new(
+                S3Url {
+                    bucket: bucket.into(),
+                    prefix: prefix.into(),
+                },
+                Default::default(),
+            )
+        },
+        Default::default(),
+    )
     .await;
     client
         .create_bucket()

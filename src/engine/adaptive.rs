@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, SemaphorePermit};
 
 use super::stats::Stats;
 
@@ -32,14 +32,58 @@ const GAIN: f64 = 1.15;
 /// Windows to wait after an undone raise or throttling before probing again.
 const HOLD: u32 = 8;
 
-/// The semaphore every GET holds a permit of, with a limit that can move.
+/// Objects in progress per request slot: enough to keep every slot busy with small objects
+/// while finished files wait for their durable commit.
+pub const OBJECTS_PER_SLOT: usize = 4;
+
+/// A semaphore whose size can go down while permits are out: those retire as they come back.
+struct Adjustable {
+    semaphore: Arc<Semaphore>,
+    size: AtomicUsize,
+    retiring: AtomicUsize,
+}
+
+impl Adjustable {
+    fn new(size: usize) -> Self {
+        Self {
+            semaphore: Arc::new(Semaphore::new(size)),
+            size: AtomicUsize::new(size),
+            retiring: AtomicUsize::new(0),
+        }
+    }
+
+    fn resize(&self, new: usize) {
+        let old = self.size.swap(new, Relaxed);
+        if new > old {
+            let mut grow = new - old;
+            // Cancel pending retirements before adding permits.
+            while grow > 0 && self.take_retirement() {
+                grow -= 1;
+            }
+            self.semaphore.add_permits(grow);
+        } else if new < old {
+            let shrink = old - new;
+            let idle = self.semaphore.forget_permits(shrink);
+            self.retiring.fetch_add(shrink - idle, Relaxed);
+        }
+    }
+
+    /// Whether a returning permit should be retired instead of freed.
+    fn take_retirement(&self) -> bool {
+        self.retiring
+            .fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+    }
+}
+
+/// The slots GETs and objects hold, with a limit that can move.
 pub struct RequestSlots {
-    semaphore: Semaphore,
-    limit: AtomicUsize,
+    requests: Adjustable,
+    /// `OBJECTS_PER_SLOT` × the request limit: objects in flight follow the limit, since each
+    /// holds memory (256 small objects in flight cost 23 MiB more than 64, and were not faster).
+    objects: Adjustable,
     max: usize,
     peak: AtomicUsize,
-    /// Permits to retire as they come back (the limit was lowered while they were in use).
-    retiring: AtomicUsize,
     /// Acquires that found no free slot since the controller last looked.
     waited: AtomicU64,
     /// Throttling answers seen by the client since the controller last looked.
@@ -54,12 +98,21 @@ pub struct Slot<'a> {
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        let retire = self
-            .slots
-            .retiring
-            .fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1))
-            .is_ok();
-        if let (true, Some(permit)) = (retire, self.permit.take()) {
+        if let (true, Some(permit)) = (self.slots.requests.take_retirement(), self.permit.take()) {
+            permit.forget();
+        }
+    }
+}
+
+/// An object slot, held by an object task until its file is written.
+pub struct ObjectSlot {
+    permit: Option<OwnedSemaphorePermit>,
+    slots: Arc<RequestSlots>,
+}
+
+impl Drop for ObjectSlot {
+    fn drop(&mut self) {
+        if let (true, Some(permit)) = (self.slots.objects.take_retirement(), self.permit.take()) {
             permit.forget();
         }
     }
@@ -70,27 +123,38 @@ impl RequestSlots {
     pub fn new(initial: usize, max: usize) -> Self {
         let initial = initial.min(max);
         Self {
-            semaphore: Semaphore::new(initial),
-            limit: AtomicUsize::new(initial),
+            requests: Adjustable::new(initial),
+            objects: Adjustable::new(initial * OBJECTS_PER_SLOT),
             max,
             peak: AtomicUsize::new(initial),
-            retiring: AtomicUsize::new(0),
             waited: AtomicU64::new(0),
             throttled: Arc::default(),
         }
     }
 
     pub async fn acquire(&self) -> Slot<'_> {
-        let permit = match self.semaphore.try_acquire() {
+        let permit = match self.requests.semaphore.try_acquire() {
             Ok(permit) => permit,
             Err(_) => {
                 self.waited.fetch_add(1, Relaxed);
-                self.semaphore.acquire().await.expect("slots never close")
+                self.requests
+                    .semaphore
+                    .acquire()
+                    .await
+                    .expect("slots never close")
             }
         };
         Slot {
             permit: Some(permit),
             slots: self,
+        }
+    }
+
+    pub async fn acquire_object(self: &Arc<Self>) -> ObjectSlot {
+        let permit = self.objects.semaphore.clone().acquire_owned().await;
+        ObjectSlot {
+            permit: Some(permit.expect("slots never close")),
+            slots: self.clone(),
         }
     }
 
@@ -105,29 +169,13 @@ impl RequestSlots {
     }
 
     fn limit(&self) -> usize {
-        self.limit.load(Relaxed)
+        self.requests.size.load(Relaxed)
     }
 
     fn set_limit(&self, new: usize) {
-        let old = self.limit.swap(new, Relaxed);
-        if new > old {
-            let mut grow = new - old;
-            // Cancel pending retirements before adding permits.
-            while grow > 0
-                && self
-                    .retiring
-                    .fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1))
-                    .is_ok()
-            {
-                grow -= 1;
-            }
-            self.semaphore.add_permits(grow);
-            self.peak.fetch_max(new, Relaxed);
-        } else if new < old {
-            let shrink = old - new;
-            let idle = self.semaphore.forget_permits(shrink);
-            self.retiring.fetch_add(shrink - idle, Relaxed);
-        }
+        self.requests.resize(new);
+        self.objects.resize(new * OBJECTS_PER_SLOT);
+        self.peak.fetch_max(new, Relaxed);
     }
 }
 
@@ -136,12 +184,19 @@ enum Phase {
     /// May raise when requests waited.
     Ready,
     /// A raise from `from` happened; `skip` marks the mixed window right after it.
-    Probing { from: usize, base_rate: f64, skip: bool },
+    Probing {
+        from: usize,
+        base_rate: f64,
+        skip: bool,
+    },
     Holding(u32),
 }
 
 /// Adjusts `slots` every window until aborted.
-pub fn spawn_controller(slots: Arc<RequestSlots>, stats: Arc<Stats>) -> tokio::task::JoinHandle<()> {
+pub fn spawn_controller(
+    slots: Arc<RequestSlots>,
+    stats: Arc<Stats>,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut phase = Phase::Ready;
         let mut last_bytes = Stats::get(&stats.bytes_received);
@@ -241,6 +296,10 @@ mod tests {
         step(&slots, Phase::Ready, 100.0, true, true);
         assert_eq!(slots.limit(), 6);
         drop(held);
-        assert_eq!(slots.semaphore.available_permits(), 6);
+        assert_eq!(slots.requests.semaphore.available_permits(), 6);
+        assert_eq!(
+            slots.objects.semaphore.available_permits(),
+            6 * OBJECTS_PER_SLOT
+        );
     }
 }

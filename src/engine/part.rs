@@ -126,7 +126,7 @@ async fn try_part(
         while !data.is_empty() {
             let filling = match &mut buf {
                 Some(filling) => filling,
-                None => buf.insert(ctx.pool.acquire().await),
+                None => buf.insert(ctx.pool.acquire_for(target.range.end - offset).await),
             };
             data = &data[filling.fill_from(data)..];
             if filling.is_full() {

@@ -4,7 +4,6 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use super::adaptive::{self, RequestSlots};
@@ -29,8 +28,6 @@ use crate::write::dest::Dest;
 use crate::write::prune;
 use crate::write::Writers;
 
-/// Objects in progress per request slot: enough to keep every slot busy with small objects.
-const OBJECTS_PER_SLOT: usize = 4;
 /// Failures kept in the report (all are logged).
 const MAX_REPORTED_FAILURES: usize = 10_000;
 
@@ -139,7 +136,6 @@ pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
         Some(snapshot) => snapshot::spawn_entries(snapshot.clone()),
         None => list::spawn(ctx.client.clone(), cfg.source.clone()),
     };
-    let object_slots = Arc::new(Semaphore::new(cfg.concurrency.max() * OBJECTS_PER_SLOT));
     let mut tasks = JoinSet::new();
     while let Some(item) = listing.recv().await {
         let entry = match item {
@@ -161,11 +157,7 @@ pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
             }
             KeyPlan::File(rel) => {
                 Stats::add(&stats.bytes_listed, entry.size);
-                let permit = object_slots
-                    .clone()
-                    .acquire_owned()
-                    .await
-                    .expect("never closed");
+                let permit = ctx.request_slots.acquire_object().await;
                 let ctx = ctx.clone();
                 tasks.spawn(async move {
                     let key = entry.key.clone();
@@ -285,19 +277,23 @@ pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
 
 /// Writes READY over every object this run listed and holds.
 fn write_ready(cfg: &SyncConfig, state_dir: &OwnedFd, manifest: &Manifest) -> std::io::Result<()> {
-    let entries: Vec<(String, u64, [u8; 32])> = manifest
-        .state()
-        .objects
-        .values()
-        .filter(|o| o.seen)
-        .filter_map(|o| o.complete.map(|c| (o.path.clone(), o.size, c.blake3)))
-        .collect();
-    let (objects, bytes) = (entries.len() as u64, entries.iter().map(|e| e.1).sum());
+    let (digest, objects, bytes) = {
+        // Borrowed from the state: no copy of every path at the end of a large run.
+        let state = manifest.state();
+        let entries: Vec<(&str, u64, [u8; 32])> = state
+            .objects
+            .values()
+            .filter(|o| o.seen)
+            .filter_map(|o| o.complete.map(|c| (o.path.as_str(), o.size, c.blake3)))
+            .collect();
+        let (objects, bytes) = (entries.len() as u64, entries.iter().map(|e| e.1).sum());
+        (ready::dataset_digest(entries), objects, bytes)
+    };
     ready::write(
         state_dir,
         &Ready {
             version: journal::FORMAT_VERSION,
-            digest: ready::dataset_digest(entries).to_hex().to_string(),
+            digest: digest.to_hex().to_string(),
             objects,
             bytes,
             source: cfg.source.to_string(),

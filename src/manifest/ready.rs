@@ -33,11 +33,11 @@ pub struct Ready {
 }
 
 /// The dataset digest of `(path, size, blake3)` entries (sorted here).
-pub fn dataset_digest(mut entries: Vec<(String, u64, [u8; 32])>) -> blake3::Hash {
-    entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+pub fn dataset_digest<P: AsRef<str>>(mut entries: Vec<(P, u64, [u8; 32])>) -> blake3::Hash {
+    entries.sort_unstable_by(|a, b| a.0.as_ref().cmp(b.0.as_ref()));
     let mut hasher = blake3::Hasher::new();
     for (path, size, hash) in &entries {
-        hasher.update(path.as_bytes());
+        hasher.update(path.as_ref().as_bytes());
         hasher.update(b"\0");
         hasher.update(size.to_string().as_bytes());
         hasher.update(b"\0");
