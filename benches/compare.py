@@ -70,6 +70,7 @@ class Run:
     rss_kib: int
     ok: bool
     note: str = ""
+    server_cpu: float = 0.0
 
 
 @dataclass
@@ -308,12 +309,20 @@ def command(tool, tools, workload, dest, endpoint, warm, snapshot):
     raise ValueError(tool)
 
 
-def measure(cmd, env, log_path):
-    """Runs cmd under GNU time: wall time, user + sys CPU of the process tree and peak RSS.
+def process_cpu(pid):
+    """User + system CPU seconds of a running process (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(cmd, env, log_path, server_pid):
+    """Runs cmd under GNU time: wall time, user + sys CPU of the process tree and peak RSS,
+    and the CPU the server spent meanwhile.
 
     GNU time forks the tool from its own small image; measuring a child of this Python
     process directly would count the interpreter's memory as the tool's peak RSS.
     """
+    server_before = process_cpu(server_pid)
     usage_path = log_path.with_suffix(".usage")
     with open(log_path, "ab") as out:
         out.write(("\n$ " + " ".join(cmd) + "\n").encode())
@@ -322,9 +331,10 @@ def measure(cmd, env, log_path):
         done = subprocess.run([TIME, "-f", "%U %S %M", "-o", str(usage_path), "--"] + cmd,
                               env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
         wall = time.monotonic() - start
+    server_cpu = process_cpu(server_pid) - server_before
     user, system, rss_kib = usage_path.read_text().split()[-3:]
     return Run(wall, float(user) + float(system), int(rss_kib), done.returncode == 0,
-               f"exit {done.returncode}")
+               f"exit {done.returncode}", server_cpu)
 
 
 def tree_size(dest):
@@ -470,7 +480,8 @@ def run_matrix(args, tools, garage, work):
                     cmd = ceiling_command(workload, garage.endpoint)
                 else:
                     cmd = command(tool, tools, workload, dest, garage.endpoint, False, None)
-                run = measure(cmd, env_hydrator if tool == "hydrator" else env, log_path)
+                run = measure(cmd, env_hydrator if tool == "hydrator" else env, log_path,
+                              garage.process.pid)
                 if run.ok and tool != "ceiling":
                     count, total = tree_size(dest)
                     if (count, total) != (workload.count, workload.total):
@@ -501,7 +512,7 @@ def warm_runs(tool, tools, dest, garage, env, env_hydrator, log_path, snapshot, 
             sh(command(tool, tools, workload, dest, garage.endpoint, True, snap) + ["-q"],
                env=tool_env)
         cmd = command(tool, tools, workload, dest, garage.endpoint, True, snap)
-        run = measure(cmd, tool_env, log_path)
+        run = measure(cmd, tool_env, log_path, garage.process.pid)
         results.setdefault(("W4", name), Cell()).runs.append(run)
         log(f"round {round_no + 1} W4 {name}: {run.wall:.3f} s, cpu {run.cpu:.2f} s, "
             f"rss {run.rss_kib / 1024:.0f} MiB{'' if run.ok else ' FAILED ' + run.note}")
@@ -523,10 +534,10 @@ def machine():
 
 def table(results, args):
     rows = []
-    header = ("| workload | tool | median wall s | CPU s (user+sys) | CPU s/GiB | peak RSS MiB "
-              "| throughput | vs s5cmd | vs ceiling | ok/runs |")
+    header = ("| workload | tool | median wall s | CPU s (user+sys) | CPU s/GiB | server CPU s "
+              "| peak RSS MiB | throughput | vs s5cmd | vs ceiling | ok/runs |")
     rows.append(header)
-    rows.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    rows.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for wname in args.workloads:
         workload = WORKLOADS[wname]
         tools = [t for (w, t) in results if w == wname]
@@ -537,7 +548,7 @@ def table(results, args):
             wall, cpu = cell.median("wall"), cell.median("cpu")
             ok = f"{len(cell.good())}/{len(cell.runs)}"
             if wall is None:
-                rows.append(f"| {wname} | {tool} | failed | | | | | | | {ok} |")
+                rows.append(f"| {wname} | {tool} | failed | | | | | | | | {ok} |")
                 continue
             gib = workload.total / GiB
             if wname in ("W3", "W5"):
@@ -552,8 +563,9 @@ def table(results, args):
             vs_ceiling = ""
             if ceiling and ceiling.median("wall") and tool != "ceiling":
                 vs_ceiling = f"{ceiling.median('wall') / wall:.0%}"
-            rows.append(f"| {wname} | {tool} | {wall:.3f} | {cpu:.2f} | {cpu_gib} | {rss} | "
-                        f"{speed} | {vs_s5} | {vs_ceiling} | {ok} |")
+            server = cell.median("server_cpu")
+            rows.append(f"| {wname} | {tool} | {wall:.3f} | {cpu:.2f} | {cpu_gib} | {server:.2f} "
+                        f"| {rss} | {speed} | {vs_s5} | {vs_ceiling} | {ok} |")
     return "\n".join(rows)
 
 
@@ -574,6 +586,8 @@ def write_results(results, args, versions, out):
         f"- Memory: {args.reporting.describe()}.",
         "- hydrator hashes every byte (BLAKE3) and makes the data durable (`syncfs`) before it "
         "exits; the peers do neither.",
+        "- Server CPU s: what Garage spent during the run. With both on 2 cores, a run cannot "
+        "take less than (client CPU + server CPU) / 2 seconds.",
         "- The ceiling is "
         f"{CEILING_STREAMS} parallel curl GETs (ranged for W1) into /dev/null.",
         "- W4 is W3's DEST synced again with nothing changed: hydrator with its manifest, "
