@@ -200,6 +200,9 @@ class Garage:
             "GARAGE_DEFAULT_SECRET_KEY": SECRET_KEY,
             "GARAGE_DEFAULT_BUCKET": BUCKET,
         }
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port["s3"])) == 0:
+                sys.exit(f"127.0.0.1:{port['s3']} is taken (another Garage on {self.dir}?)")
         self.log = open(self.dir / "garage.log", "ab")
         self.process = subprocess.Popen(
             [binary, "-c", str(config), "server", "--single-node", "--default-bucket"],
@@ -299,6 +302,10 @@ def command(tool, tools, workload, dest, endpoint, warm, snapshot):
     if tool == "s5cmd":
         verb = "sync" if warm else "cp"
         return [tools["s5cmd"], "--log", "error", verb, f"{source}*", f"{dest}/"]
+    if tool == "s5cmd+sync":
+        # s5cmd, then the data made durable as hydrator makes it before it exits.
+        copy = command("s5cmd", tools, workload, dest, endpoint, warm, snapshot)
+        return ["bash", "-c", '"$@" && sync -f "$0"', str(dest)] + copy
     if tool == "rclone":
         verb = "sync" if warm else "copy"
         return [tools["rclone"], verb, f":s3:{BUCKET}/{workload.prefix}", str(dest)]
@@ -491,7 +498,8 @@ def run_matrix(args, tools, garage, work):
                 log(f"round {round_no + 1} {wname} {tool}: {run.wall:.2f} s, cpu {run.cpu:.2f} s, "
                     f"rss {run.rss_kib / 1024:.0f} MiB{'' if run.ok else ' FAILED ' + run.note}")
                 sh(["sync"])
-                if wname == "W3" and "W4" in args.workloads and tool != "ceiling" and run.ok:
+                warm = tool not in ("ceiling", "s5cmd+sync")
+                if wname == "W3" and "W4" in args.workloads and warm and run.ok:
                     warm_runs(tool, tools, dest, garage, env, env_hydrator, log_path, snapshot,
                               results, round_no)
     return results
@@ -585,7 +593,8 @@ def write_results(results, args, versions, out):
         "before and after each run. Medians of the rounds; peak RSS is the largest seen.",
         f"- Memory: {args.reporting.describe()}.",
         "- hydrator hashes every byte (BLAKE3) and makes the data durable (`syncfs`) before it "
-        "exits; the peers do neither.",
+        "exits; the peers do neither. `s5cmd+sync` is s5cmd followed by `sync -f DEST`: the "
+        "same copy made durable.",
         "- Server CPU s: what Garage spent during the run. With both on 2 cores, a run cannot "
         "take less than (client CPU + server CPU) / 2 seconds.",
         "- The ceiling is "
@@ -605,7 +614,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--w5-rounds", type=int, default=1)
     parser.add_argument("--workloads", default="W1,W2,W3,W4,W5")
-    parser.add_argument("--tools", default="hydrator,s5cmd,rclone,aws")
+    parser.add_argument("--tools", default="hydrator,s5cmd,s5cmd+sync,rclone,aws")
     parser.add_argument("--aws-w5", action="store_true",
                         help="also run aws-cli on W5 (slow: tens of minutes)")
     parser.add_argument("--work", type=Path, default=REPO / "target/bench-e2e",
