@@ -482,10 +482,10 @@ def run_matrix(args, tools, garage, work):
             for tool in order:
                 if tool == "aws" and wname == "W5" and not args.aws_w5:
                     continue
-                dest = args.dests.fresh(tool, workload.total)
                 if tool == "ceiling":
                     cmd = ceiling_command(workload, garage.endpoint)
                 else:
+                    dest = args.dests.fresh(tool, workload.total)
                     cmd = command(tool, tools, workload, dest, garage.endpoint, False, None)
                 run = measure(cmd, env_hydrator if tool == "hydrator" else env, log_path,
                               garage.process.pid)

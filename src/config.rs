@@ -229,15 +229,6 @@ impl Concurrency {
     }
 }
 
-impl std::fmt::Display for Concurrency {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Auto => f.write_str("auto"),
-            Self::Fixed(n) => write!(f, "{n}"),
-        }
-    }
-}
-
 /// Parses `--concurrency`: `auto` or a number.
 pub fn parse_concurrency(text: &str) -> Result<Concurrency, String> {
     match text.trim() {

@@ -34,7 +34,7 @@ const HOLD: u32 = 8;
 
 /// Objects in progress per request slot: enough to keep every slot busy with small objects
 /// while finished files wait for their durable commit.
-pub const OBJECTS_PER_SLOT: usize = 4;
+const OBJECTS_PER_SLOT: usize = 4;
 
 /// A semaphore whose size can go down while permits are out: those retire as they come back.
 struct Adjustable {
