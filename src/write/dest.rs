@@ -195,13 +195,21 @@ impl Dest {
             .open_parent(rel, true)?
             .expect("open_parent with create returns a directory");
         let name = cstring(&rel.partial_name())?;
-        unlink_at(&dir, &name)?;
         let mut flags =
             libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
         if direct_io {
             flags |= libc::O_DIRECT;
         }
-        let file = open_at(&dir, &name, flags).map_err(|err| {
+        // O_EXCL never follows what is at the name; only when something is there (rare) does
+        // it cost an unlink and a second open.
+        let created = match open_at(&dir, &name, flags) {
+            Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {
+                unlink_at(&dir, &name)?;
+                open_at(&dir, &name, flags)
+            }
+            other => other,
+        };
+        let file = created.map_err(|err| {
             if direct_io && err.raw_os_error() == Some(libc::EINVAL) {
                 io::Error::new(
                     err.kind(),

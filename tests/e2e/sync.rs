@@ -192,6 +192,33 @@ fn planted_symlink_in_dest_is_not_followed() {
     );
 }
 
+#[test]
+fn symlink_planted_at_a_partial_name_is_replaced_not_followed() {
+    let server = Server::local();
+    let source = files(&[("dir/x.bin", content(23, 5000))]);
+    server.seed("partial-link/", &source);
+    let outside = tempfile::tempdir().unwrap();
+    let target = outside.path().join("victim");
+    std::fs::write(&target, b"keep").unwrap();
+    let (_tmp, dest) = temp_dest();
+    std::fs::create_dir_all(dest.join("dir")).unwrap();
+    std::os::unix::fs::symlink(&target, dest.join("dir/.x.bin.partial")).unwrap();
+    server.sync("partial-link/", &dest, &[]).assert_code(0);
+    assert_eq!(
+        std::fs::read(&target).unwrap(),
+        b"keep",
+        "nothing written through the link"
+    );
+    assert_eq!(
+        std::fs::read(dest.join("dir/x.bin")).unwrap(),
+        source["dir/x.bin"]
+    );
+    assert!(
+        !dest.join("dir/.x.bin.partial").exists(),
+        "the link is gone"
+    );
+}
+
 /// A key that is both a file and a prefix (`a` and `a/b`): s3s-fs cannot store that, Garage can.
 #[test]
 fn file_and_prefix_conflict_fails_and_names_the_key_garage() {
