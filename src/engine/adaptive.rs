@@ -1,8 +1,8 @@
 //! Request slots whose number adapts to what the run measures.
 //!
 //! The right number of GETs in flight depends on the path: on a 2-core machine whose CPU is
-//! shared with the server, 4 streams beat 16 (measured: 2.65 s against 3.0 s for 2 GiB), while
-//! a 100 Gbit/s node needs dozens. No fixed default suits both, so `--concurrency auto` starts
+//! shared with the server, fewer streams are faster (16 × 128 MiB with 8 MiB parts: 16 streams
+//! 3.00–3.04 s, 8 streams 2.84–2.86 s), while a 100 Gbit/s node needs dozens. No fixed default suits both, so `--concurrency auto` starts
 //! at [`INITIAL`] and climbs by hill-climbing on the bytes received per [`WINDOW`]:
 //! - a raise (by half) is tried only when requests had to wait for a slot, since otherwise
 //!   the listing or the disk, not the limit, is what bounds the run;
@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, SemaphorePermit};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::stats::Stats;
 
@@ -43,13 +43,44 @@ struct Adjustable {
     retiring: AtomicUsize,
 }
 
+/// A permit of an [`Adjustable`]; returning it retires it when the size went down meanwhile.
+pub struct Permit {
+    permit: Option<OwnedSemaphorePermit>,
+    from: Arc<Adjustable>,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if let (true, Some(permit)) = (self.from.take_retirement(), self.permit.take()) {
+            permit.forget();
+        }
+    }
+}
+
 impl Adjustable {
-    fn new(size: usize) -> Self {
-        Self {
+    fn new(size: usize) -> Arc<Self> {
+        Arc::new(Self {
             semaphore: Arc::new(Semaphore::new(size)),
             size: AtomicUsize::new(size),
             retiring: AtomicUsize::new(0),
+        })
+    }
+
+    fn permit(self: &Arc<Self>, permit: OwnedSemaphorePermit) -> Permit {
+        Permit {
+            permit: Some(permit),
+            from: self.clone(),
         }
+    }
+
+    fn try_acquire(self: &Arc<Self>) -> Option<Permit> {
+        let permit = self.semaphore.clone().try_acquire_owned().ok()?;
+        Some(self.permit(permit))
+    }
+
+    async fn acquire(self: &Arc<Self>) -> Permit {
+        let permit = self.semaphore.clone().acquire_owned().await;
+        self.permit(permit.expect("slots never close"))
     }
 
     fn resize(&self, new: usize) {
@@ -78,44 +109,17 @@ impl Adjustable {
 
 /// The slots GETs and objects hold, with a limit that can move.
 pub struct RequestSlots {
-    requests: Adjustable,
+    requests: Arc<Adjustable>,
     /// `OBJECTS_PER_SLOT` × the request limit: objects in flight follow the limit, since each
-    /// holds memory (256 small objects in flight cost 23 MiB more than 64, and were not faster).
-    objects: Adjustable,
+    /// holds memory (200,000 tiny objects: 140 MiB peak RSS with 256 in flight, 119 MiB with
+    /// 64, and not slower).
+    objects: Arc<Adjustable>,
     max: usize,
     peak: AtomicUsize,
-    /// Acquires that found no free slot since the controller last looked.
+    /// Request acquires that found no free slot since the controller last looked.
     waited: AtomicU64,
     /// Throttling answers seen by the client since the controller last looked.
     pub throttled: Arc<AtomicU64>,
-}
-
-/// A request slot; returning it may retire it when the limit went down.
-pub struct Slot<'a> {
-    permit: Option<SemaphorePermit<'a>>,
-    slots: &'a RequestSlots,
-}
-
-impl Drop for Slot<'_> {
-    fn drop(&mut self) {
-        if let (true, Some(permit)) = (self.slots.requests.take_retirement(), self.permit.take()) {
-            permit.forget();
-        }
-    }
-}
-
-/// An object slot, held by an object task until its file is written.
-pub struct ObjectSlot {
-    permit: Option<OwnedSemaphorePermit>,
-    slots: Arc<RequestSlots>,
-}
-
-impl Drop for ObjectSlot {
-    fn drop(&mut self) {
-        if let (true, Some(permit)) = (self.slots.objects.take_retirement(), self.permit.take()) {
-            permit.forget();
-        }
-    }
 }
 
 impl RequestSlots {
@@ -132,30 +136,20 @@ impl RequestSlots {
         }
     }
 
-    pub async fn acquire(&self) -> Slot<'_> {
-        let permit = match self.requests.semaphore.try_acquire() {
-            Ok(permit) => permit,
-            Err(_) => {
+    /// A request slot, held by a part for its GET.
+    pub async fn acquire(&self) -> Permit {
+        match self.requests.try_acquire() {
+            Some(permit) => permit,
+            None => {
                 self.waited.fetch_add(1, Relaxed);
-                self.requests
-                    .semaphore
-                    .acquire()
-                    .await
-                    .expect("slots never close")
+                self.requests.acquire().await
             }
-        };
-        Slot {
-            permit: Some(permit),
-            slots: self,
         }
     }
 
-    pub async fn acquire_object(self: &Arc<Self>) -> ObjectSlot {
-        let permit = self.objects.semaphore.clone().acquire_owned().await;
-        ObjectSlot {
-            permit: Some(permit.expect("slots never close")),
-            slots: self.clone(),
-        }
+    /// An object slot, held by an object task until its file is written.
+    pub async fn acquire_object(&self) -> Permit {
+        self.objects.acquire().await
     }
 
     /// The most slots there can ever be: bounds the part tasks an object keeps started.

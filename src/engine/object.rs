@@ -9,7 +9,7 @@ use std::fs::File;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use super::adaptive::ObjectSlot;
+use super::adaptive::Permit;
 use tokio::task::JoinSet;
 
 use super::part::{fetch_part, FetchedPart, PartTarget};
@@ -35,7 +35,7 @@ pub async fn mirror_object(
     ctx: Arc<Ctx>,
     entry: ObjectEntry,
     rel: RelPath,
-    slot: ObjectSlot,
+    slot: Permit,
 ) -> Result<FileRecord, String> {
     let record = |size, hash: [u8; 32], status| FileRecord {
         key: entry.key.clone(),
