@@ -48,8 +48,53 @@ pub enum Command {
     Verify(VerifyArgs),
     /// Freeze the listing of s3://BUCKET/PREFIX/ into a file that `sync --snapshot` hydrates.
     Snapshot(SnapshotArgs),
+    /// Run the node cache daemon: keep the catalog's datasets warm and share them between jobs.
+    Daemon(DaemonArgs),
+    /// Ask the node daemon for a dataset; print its ready directory (exit 0 only when ready).
+    Warm(WarmArgs),
     /// Start an S3 server in-process, seed it with a generated dataset and sync it.
     Demo(DemoArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DaemonArgs {
+    /// The catalog (TOML): cache root and quota, listeners, datasets. SIGHUP reloads it.
+    #[arg(long, env = "HYDRATOR_CONFIG")]
+    pub config: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct WarmArgs {
+    /// The dataset's name in the daemon's catalog.
+    pub name: String,
+    /// The daemon: unix:///PATH/TO/SOCKET or http://HOST:PORT.
+    #[arg(
+        long,
+        env = "HYDRATOR_DAEMON",
+        default_value = "unix:///run/hydrator/hydrator.sock"
+    )]
+    pub daemon: String,
+    /// File holding the bearer token (needed over http://).
+    #[arg(long, env = "HYDRATOR_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Wait until the dataset is ready (or failed), showing progress.
+    #[arg(long, env = "HYDRATOR_WAIT")]
+    pub wait: bool,
+    /// Give up waiting after this many seconds.
+    #[arg(long, env = "HYDRATOR_WAIT_TIMEOUT")]
+    pub timeout: Option<u64>,
+    /// Lease the ready snapshot for this holder (e.g. the pod UID) so it is not evicted.
+    #[arg(long, env = "HYDRATOR_LEASE_HOLDER")]
+    pub lease_holder: Option<String>,
+    /// Lease length in seconds (default: the daemon's).
+    #[arg(long, env = "HYDRATOR_LEASE_TTL")]
+    pub lease_ttl: Option<u64>,
+    /// When no daemon answers, sync SOURCE into DEST directly (then DEST is printed).
+    #[arg(long, num_args = 2, value_names = ["SOURCE", "DEST"], env = "HYDRATOR_FALLBACK", value_delimiter = ' ')]
+    pub fallback: Vec<String>,
+    /// Options of the fallback sync.
+    #[command(flatten)]
+    pub options: SyncOptions,
 }
 
 #[derive(Debug, Args)]

@@ -197,11 +197,6 @@ impl SyncConfig {
         }
         Ok(())
     }
-
-    /// Number of pooled write buffers; memory for data in flight is this × `WRITE_BUFFER_SIZE`.
-    pub fn buffer_count(&self) -> usize {
-        self.concurrency.max() * BUFFERS_PER_REQUEST + SPARE_BUFFERS
-    }
 }
 
 /// Requests in flight: adapted to what the run measures, or fixed.

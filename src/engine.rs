@@ -19,4 +19,4 @@ mod retry;
 mod run;
 pub mod stats;
 
-pub use run::{run, Outcome};
+pub use run::{run, run_with, Budget, Hooks, Outcome};

@@ -40,13 +40,16 @@ pub enum SyncError {
     Listing(String),
     #[error("{0}")]
     Local(String),
+    /// Asked to stop (a signal) before the end; the manifest keeps what was done.
+    #[error("stopped before the end; a new run resumes")]
+    Stopped,
 }
 
 impl SyncError {
     pub fn exit(&self) -> Exit {
         match self {
             SyncError::Usage(_) => Exit::Usage,
-            SyncError::Listing(_) | SyncError::Local(_) => Exit::Failed,
+            SyncError::Listing(_) | SyncError::Local(_) | SyncError::Stopped => Exit::Failed,
         }
     }
 }

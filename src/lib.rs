@@ -10,6 +10,7 @@
 pub mod cli;
 pub mod commands;
 pub mod config;
+pub mod daemon;
 pub mod demo;
 pub mod engine;
 pub mod error;
@@ -20,4 +21,5 @@ pub mod report;
 pub mod snapshot;
 pub mod source;
 pub mod verify;
+pub mod warm;
 pub mod write;

@@ -28,6 +28,8 @@ fn main() -> ExitCode {
             Command::Demo(args) => hydrator::demo::run(args).await.map(print_outcome),
             Command::Verify(args) => hydrator::commands::verify(args).await,
             Command::Snapshot(args) => hydrator::commands::snapshot(args).await,
+            Command::Daemon(args) => hydrator::daemon::run(&args.config).await,
+            Command::Warm(args) => hydrator::warm::run(args).await,
         }
     });
     match result {

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::stats::Stats;
+use crate::source::client::Responses;
 
 /// Requests in flight when an adaptive run starts.
 pub const INITIAL: usize = 4;
@@ -118,8 +118,10 @@ pub struct RequestSlots {
     peak: AtomicUsize,
     /// Request acquires that found no free slot since the controller last looked.
     waited: AtomicU64,
-    /// Throttling answers seen by the client since the controller last looked.
-    pub throttled: Arc<AtomicU64>,
+    /// Bytes received by every request using these slots: what the controller climbs on.
+    received: AtomicU64,
+    /// The answers of every client using these slots (throttling cuts the limit).
+    pub responses: Arc<Responses>,
 }
 
 impl RequestSlots {
@@ -132,8 +134,14 @@ impl RequestSlots {
             max,
             peak: AtomicUsize::new(initial),
             waited: AtomicU64::new(0),
-            throttled: Arc::default(),
+            received: AtomicU64::new(0),
+            responses: Arc::default(),
         }
+    }
+
+    /// Books `n` bytes received by a request.
+    pub fn record_received(&self, n: u64) {
+        self.received.fetch_add(n, Relaxed);
     }
 
     /// A request slot, held by a part for its GET.
@@ -187,22 +195,19 @@ enum Phase {
 }
 
 /// Adjusts `slots` every window until aborted.
-pub fn spawn_controller(
-    slots: Arc<RequestSlots>,
-    stats: Arc<Stats>,
-) -> tokio::task::JoinHandle<()> {
+pub fn spawn_controller(slots: Arc<RequestSlots>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut phase = Phase::Ready;
-        let mut last_bytes = Stats::get(&stats.bytes_received);
+        let mut last_bytes = slots.received.load(Relaxed);
         let mut last_at = Instant::now();
         loop {
             tokio::time::sleep(WINDOW).await;
-            let bytes = Stats::get(&stats.bytes_received);
+            let bytes = slots.received.load(Relaxed);
             let now = Instant::now();
             let rate = (bytes - last_bytes) as f64 / (now - last_at).as_secs_f64();
             (last_bytes, last_at) = (bytes, now);
             let waited = slots.waited.swap(0, Relaxed) > 0;
-            let throttled = slots.throttled.swap(0, Relaxed) > 0;
+            let throttled = slots.responses.throttled.swap(0, Relaxed) > 0;
             phase = step(&slots, phase, rate, waited, throttled);
         }
     })

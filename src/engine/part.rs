@@ -117,6 +117,7 @@ async fn try_part(
         };
         received += chunk.len() as u64;
         Stats::add(&ctx.stats.bytes_received, chunk.len() as u64);
+        ctx.request_slots.record_received(chunk.len() as u64);
         if received > expected {
             break Err(PartError::Retryable(format!(
                 "server sent more than the {expected} bytes asked for"

@@ -4,6 +4,7 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Instant;
 
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::adaptive::{self, RequestSlots};
@@ -11,7 +12,9 @@ use super::checkpoint::{self, Checkpoints};
 use super::object::mirror_object;
 use super::progress::Progress;
 use super::stats::Stats;
-use crate::config::{Concurrency, SyncConfig, WRITE_BUFFER_SIZE};
+use crate::config::{
+    Concurrency, SyncConfig, BUFFERS_PER_REQUEST, SPARE_BUFFERS, WRITE_BUFFER_SIZE,
+};
 use crate::error::{Exit, SyncError, UsageError};
 use crate::manifest::ready::{self, Ready};
 use crate::manifest::{journal, lock, Manifest};
@@ -49,6 +52,35 @@ pub struct Ctx {
     pub pinned: bool,
 }
 
+/// Request slots and write buffers that several runs in one process share, so that together
+/// they stay inside one concurrency and memory budget and back off together when throttled.
+#[derive(Clone)]
+pub struct Budget {
+    pub slots: Arc<RequestSlots>,
+    pub pool: BufferPool,
+}
+
+impl Budget {
+    /// The budget of `concurrency` requests in flight (and the buffers they need); with
+    /// `Auto`, the adaptive controller runs until the returned handle is aborted.
+    pub fn new(concurrency: Concurrency) -> (Self, Option<tokio::task::JoinHandle<()>>) {
+        let slots = Arc::new(RequestSlots::new(concurrency.initial(), concurrency.max()));
+        let controller =
+            (concurrency == Concurrency::Auto).then(|| adaptive::spawn_controller(slots.clone()));
+        let pool = BufferPool::new(buffer_count(concurrency), WRITE_BUFFER_SIZE);
+        (Self { slots, pool }, controller)
+    }
+}
+
+/// How a run is embedded: its own budget or a shared one, counters the caller can watch, and
+/// a signal that stops it early (the run then flushes its manifest and reports `Stopped`).
+#[derive(Default)]
+pub struct Hooks {
+    pub budget: Option<Budget>,
+    pub stats: Arc<Stats>,
+    pub stop: Option<watch::Receiver<bool>>,
+}
+
 /// The result of a run that got as far as starting.
 pub struct Outcome {
     pub summary: Summary,
@@ -57,6 +89,11 @@ pub struct Outcome {
 
 /// Runs a sync. `Err` only for problems found before any work starts.
 pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
+    run_with(cfg, Hooks::default()).await
+}
+
+/// Runs a sync embedded as `hooks` say.
+pub async fn run_with(cfg: SyncConfig, hooks: Hooks) -> Result<Outcome, SyncError> {
     let started = Instant::now();
     cfg.validate()?;
     let filter = KeyFilter::new(&cfg.include, &cfg.exclude)?;
@@ -100,20 +137,19 @@ pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
     let committer =
         Committer::start(dest.clone(), manifest.clone()).map_err(|e| local("opening DEST", e))?;
     let checkpointer = checkpoint::spawn(checkpoints.clone(), manifest.clone());
-    let stats = Arc::new(Stats::default());
-    let request_slots = Arc::new(RequestSlots::new(
-        cfg.concurrency.initial(),
-        cfg.concurrency.max(),
-    ));
-    let controller = (cfg.concurrency == Concurrency::Auto)
-        .then(|| adaptive::spawn_controller(request_slots.clone(), stats.clone()));
+    let stats = hooks.stats;
+    let (budget, controller) = match hooks.budget {
+        Some(budget) => (budget, None),
+        None => Budget::new(cfg.concurrency),
+    };
+    let request_slots = budget.slots;
     let ctx = Arc::new(Ctx {
-        client: client::build(&cfg, request_slots.throttled.clone()).await,
+        client: client::build(&cfg, request_slots.responses.clone()).await,
         bucket: cfg.source.bucket.clone(),
         part_size: cfg.part_size,
         direct_io: cfg.direct_io,
         dest: dest.clone(),
-        pool: BufferPool::new(cfg.buffer_count(), WRITE_BUFFER_SIZE),
+        pool: budget.pool,
         writers,
         request_slots: request_slots.clone(),
         stats: stats.clone(),
@@ -136,14 +172,23 @@ pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
         Some(snapshot) => snapshot::spawn_entries(snapshot.clone()),
         None => list::spawn(ctx.client.clone(), cfg.source.clone()),
     };
+    let mut stop = hooks.stop;
     let mut tasks = JoinSet::new();
-    while let Some(item) = listing.recv().await {
+    loop {
+        let item = tokio::select! {
+            item = listing.recv() => item,
+            () = stopped(&mut stop) => {
+                fatal = Some(SyncError::Stopped);
+                break;
+            }
+        };
         let entry = match item {
-            Ok(entry) => entry,
-            Err(err) => {
+            Some(Ok(entry)) => entry,
+            Some(Err(err)) => {
                 fatal = Some(err);
                 break;
             }
+            None => break,
         };
         Stats::add(&stats.objects_listed, 1);
         match plan_key(&cfg.source.prefix, &entry.key, entry.size) {
@@ -157,7 +202,13 @@ pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
             }
             KeyPlan::File(rel) => {
                 Stats::add(&stats.bytes_listed, entry.size);
-                let permit = ctx.request_slots.acquire_object().await;
+                let permit = tokio::select! {
+                    permit = ctx.request_slots.acquire_object() => permit,
+                    () = stopped(&mut stop) => {
+                        fatal = Some(SyncError::Stopped);
+                        break;
+                    }
+                };
                 let ctx = ctx.clone();
                 tasks.spawn(async move {
                     let key = entry.key.clone();
@@ -170,9 +221,21 @@ pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
             }
         }
     }
-    if fatal.is_some() {
-        tasks.abort_all();
+    if fatal.is_none() {
+        loop {
+            tokio::select! {
+                done = tasks.join_next() => match done {
+                    Some(done) => tally.joined(done),
+                    None => break,
+                },
+                () = stopped(&mut stop) => {
+                    fatal = Some(SyncError::Stopped);
+                    break;
+                }
+            }
+        }
     }
+    tasks.abort_all();
     while let Some(done) = tasks.join_next().await {
         tally.joined(done);
     }
@@ -273,6 +336,23 @@ pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
         });
     }
     Ok(Outcome { summary, exit })
+}
+
+/// Resolves once `stop` says so; never without a stop signal.
+async fn stopped(stop: &mut Option<watch::Receiver<bool>>) {
+    match stop {
+        Some(stop) => {
+            if stop.wait_for(|stopped| *stopped).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// Pooled write buffers for `concurrency`: memory for data in flight is this × `WRITE_BUFFER_SIZE`.
+fn buffer_count(concurrency: Concurrency) -> usize {
+    concurrency.max() * BUFFERS_PER_REQUEST + SPARE_BUFFERS
 }
 
 /// Writes READY over every object this run listed and holds.

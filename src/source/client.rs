@@ -8,12 +8,14 @@ use aws_sdk_s3::config::{
     Credentials, Region, ResponseChecksumValidation, StalledStreamProtectionConfig,
 };
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use aws_sdk_s3::config::interceptors::BeforeDeserializationInterceptorContextRef;
 use aws_sdk_s3::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_smithy_runtime_api::box_error::BoxError;
+use aws_smithy_runtime_api::client::orchestrator::Metadata;
 
 use crate::config::{self, SyncConfig};
 
@@ -25,30 +27,58 @@ const MIN_RETRY_TOKENS: usize = 500;
 /// unless set up otherwise).
 const DEFAULT_ENDPOINT_REGION: &str = "us-east-1";
 
-/// Counts throttling answers (429, 503), retried or not, into `throttled`.
-#[derive(Debug)]
-struct CountThrottling(Arc<AtomicU64>);
+/// The answers S3 clients received: throttling ones (429, 503, retried or not) for the adaptive
+/// limit, and every one by operation and status for the daemon's metrics.
+#[derive(Debug, Default)]
+pub struct Responses {
+    /// Throttling answers since the adaptive controller last looked.
+    pub throttled: AtomicU64,
+    by_operation: Mutex<BTreeMap<(String, u16), u64>>,
+}
 
-impl Intercept for CountThrottling {
+impl Responses {
+    /// Answers so far, by (operation, HTTP status).
+    pub fn by_operation(&self) -> BTreeMap<(String, u16), u64> {
+        self.by_operation.lock().expect("responses lock").clone()
+    }
+
+    fn record(&self, operation: &str, status: u16) {
+        if matches!(status, 429 | 503) {
+            self.throttled.fetch_add(1, Relaxed);
+        }
+        let mut counts = self.by_operation.lock().expect("responses lock");
+        match counts.get_mut(&(operation.to_string(), status)) {
+            Some(count) => *count += 1,
+            None => {
+                counts.insert((operation.to_string(), status), 1);
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+struct RecordResponses(Arc<Responses>);
+
+impl Intercept for RecordResponses {
     fn name(&self) -> &'static str {
-        "CountThrottling"
+        "RecordResponses"
     }
 
     fn read_before_deserialization(
         &self,
         context: &BeforeDeserializationInterceptorContextRef<'_>,
         _: &RuntimeComponents,
-        _: &mut ConfigBag,
+        cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
-        if matches!(context.response().status().as_u16(), 429 | 503) {
-            self.0.fetch_add(1, Relaxed);
-        }
+        let operation = cfg.load::<Metadata>().map_or("unknown", |m| m.name());
+        self.0
+            .record(operation, context.response().status().as_u16());
         Ok(())
     }
 }
 
-/// The client for `cfg`; throttling answers are counted into `throttled`.
-pub async fn build(cfg: &SyncConfig, throttled: Arc<AtomicU64>) -> aws_sdk_s3::Client {
+/// The client for `cfg`; its answers are counted into `responses`.
+pub async fn build(cfg: &SyncConfig, responses: Arc<Responses>) -> aws_sdk_s3::Client {
     let mut loader = aws_config::defaults(BehaviorVersion::latest());
     let region = cfg.region.clone().or_else(|| {
         cfg.endpoint
@@ -96,7 +126,7 @@ pub async fn build(cfg: &SyncConfig, throttled: Arc<AtomicU64>) -> aws_sdk_s3::C
                 .build(),
         )
         .response_checksum_validation(ResponseChecksumValidation::WhenRequired)
-        .interceptor(CountThrottling(throttled))
+        .interceptor(RecordResponses(responses))
         .build();
     aws_sdk_s3::Client::from_conf(s3_config)
 }

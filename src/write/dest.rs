@@ -321,6 +321,21 @@ pub fn rename_in(dir: &OwnedFd, from: &str, to: &str) -> io::Result<()> {
     check(unsafe { libc::renameat(dir.as_raw_fd(), from.as_ptr(), dir.as_raw_fd(), to.as_ptr()) })
 }
 
+/// Hard-links `name` in `from` to the same name in `to` (never following a symlink).
+pub fn link_at(from: &OwnedFd, to: &OwnedFd, name: &str) -> io::Result<()> {
+    let name = cstring(name)?;
+    // SAFETY: valid dirfds and a NUL-terminated name; flags 0 do not follow symlinks.
+    check(unsafe {
+        libc::linkat(
+            from.as_raw_fd(),
+            name.as_ptr(),
+            to.as_raw_fd(),
+            name.as_ptr(),
+            0,
+        )
+    })
+}
+
 /// Makes the entries of `dir` (creations, renames, removals) durable.
 pub fn sync_dir(dir: &OwnedFd) -> io::Result<()> {
     // SAFETY: valid fd.

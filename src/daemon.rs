@@ -1,0 +1,358 @@
+//! The node daemon (`hydrator daemon --config catalog.toml`): keeps the catalog's datasets warm
+//! under a cache root on local disk and shares them between the jobs of a node.
+//!
+//! Why it is built this way:
+//! - It is never in the read path: each snapshot of a dataset is a plain directory
+//!   (`ROOT/<name>/<snapshot digest>/`, a normal DEST with its `.hydrator/`) that jobs read
+//!   directly, so the daemon can restart or upgrade while they train.
+//! - A new version of a dataset lands in a new directory, so files never change under a reader;
+//!   unchanged files are hard-linked from the previous snapshot ([`link`]).
+//! - Concurrent requests for one dataset share one hydration ([`flight`]); hydrations of
+//!   different datasets share one request and buffer budget, so they back off together when
+//!   the server throttles and memory stays bounded.
+//! - Space is reserved before a hydration downloads, and whole unleased snapshots are evicted
+//!   least recently used first ([`evict`]).
+//! - The disk is the truth: on start, the registry is rebuilt from the directories and
+//!   interrupted hydrations resume from their manifests ([`recover`]).
+
+pub mod api;
+pub mod catalog;
+mod evict;
+mod flight;
+mod link;
+pub mod metrics;
+pub mod protocol;
+mod recover;
+pub mod registry;
+pub mod space;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::Duration;
+
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::{watch, Semaphore};
+
+use crate::engine::{stats::Stats, Budget};
+use crate::error::{Exit, SyncError, UsageError};
+use catalog::Catalog;
+use registry::Registry;
+
+/// How long hydrations get to flush their manifests after SIGTERM.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+pub struct Daemon {
+    pub root: PathBuf,
+    catalog_path: PathBuf,
+    catalog: RwLock<Arc<Catalog>>,
+    registry: Mutex<Registry>,
+    /// Request slots and write buffers shared by every hydration.
+    pub budget: Budget,
+    hydrations: Semaphore,
+    /// Serialises reservations and evictions.
+    space: tokio::sync::Mutex<()>,
+    pub metrics: metrics::Metrics,
+    /// Set once on SIGTERM/SIGINT: hydrations stop, requests are refused.
+    pub stop: watch::Sender<bool>,
+    io_backend: String,
+}
+
+impl Daemon {
+    pub fn catalog(&self) -> Arc<Catalog> {
+        self.catalog.read().expect("catalog lock").clone()
+    }
+
+    pub fn registry(&self) -> MutexGuard<'_, Registry> {
+        self.registry.lock().expect("registry lock")
+    }
+
+    /// Writes leases and last-use times; a failure is logged (the next change writes again).
+    pub fn save_state(&self) {
+        let persisted = self.registry().persisted();
+        if let Err(err) = registry::save(&self.root, &persisted) {
+            tracing::error!("saving the daemon state: {err}");
+        }
+    }
+
+    pub fn render_metrics(&self) -> String {
+        let catalog = self.catalog();
+        let registry = self.registry();
+        let mut by_state: BTreeMap<&'static str, u64> = protocol::State::ALL
+            .iter()
+            .map(|state| (state.label(), 0))
+            .collect();
+        for name in catalog.datasets.keys() {
+            *by_state
+                .entry(registry.status(&self.root, name).state.label())
+                .or_default() += 1;
+        }
+        let running: u64 = registry
+            .datasets
+            .values()
+            .filter_map(|e| e.flight.as_ref())
+            .map(|f| Stats::get(&f.stats.bytes_received))
+            .sum();
+        let requests = self.budget.slots.responses.by_operation();
+        metrics::render(
+            &self.metrics,
+            &metrics::Snapshot {
+                bytes_fetched_running: running,
+                capacity: catalog.cache.quota,
+                datasets_by_state: by_state,
+                leases: registry.leases.len(),
+                s3_requests: &requests,
+                io_backend: &self.io_backend,
+            },
+        )
+    }
+
+    /// Re-reads the catalog (SIGHUP). A catalog with errors is refused and the old one kept;
+    /// running hydrations finish with the settings they started with.
+    fn reload(self: &Arc<Self>) {
+        let new = match catalog::load(&self.catalog_path, |k| std::env::var(k).ok()) {
+            Ok(new) => new,
+            Err(err) => {
+                tracing::error!("reload refused, keeping the running catalog: {err}");
+                return;
+            }
+        };
+        let old = self.catalog();
+        if new.listen != old.listen || new.cache.root != old.cache.root {
+            tracing::warn!("listener and cache root changes take effect at the next restart");
+        }
+        if new.cache.parallel_hydrations != old.cache.parallel_hydrations {
+            tracing::warn!("cache.parallel_hydrations takes effect at the next restart");
+        }
+        let mut new = new;
+        new.listen.socket.clone_from(&old.listen.socket);
+        new.listen.tcp = old.listen.tcp;
+        new.cache.root.clone_from(&old.cache.root);
+        *self.catalog.write().expect("catalog lock") = Arc::new(new);
+        tracing::info!(
+            "catalog reloaded: {} datasets",
+            self.catalog().datasets.len()
+        );
+        self.prewarm();
+    }
+
+    fn prewarm(self: &Arc<Self>) {
+        for (name, dataset) in &self.catalog().datasets {
+            if dataset.prewarm {
+                let _ = flight::warm(self, name, dataset);
+            }
+        }
+    }
+}
+
+/// Runs the daemon until SIGTERM or SIGINT.
+pub async fn run(catalog_path: &Path) -> Result<Exit, SyncError> {
+    let catalog = catalog::load(catalog_path, |k| std::env::var(k).ok())?;
+    let root = catalog.cache.root.clone();
+    let (registry, resumable) = recover::scan(&root, &catalog)
+        .map_err(|e| UsageError::new(format!("cache root {}: {e}", root.display())))?;
+    let (budget, controller) = Budget::new(catalog.cache.concurrency);
+    let io_backend = crate::write::Writers::start(crate::config::IoBackendChoice::Auto)?
+        .backend
+        .to_string();
+    let listeners = Listeners::bind(&catalog.listen).await?;
+    let daemon = Arc::new(Daemon {
+        root,
+        catalog_path: catalog_path.to_path_buf(),
+        hydrations: Semaphore::new(catalog.cache.parallel_hydrations),
+        catalog: RwLock::new(Arc::new(catalog)),
+        registry: Mutex::new(registry),
+        budget,
+        space: Default::default(),
+        metrics: Default::default(),
+        stop: watch::channel(false).0,
+        io_backend,
+    });
+    daemon.save_state();
+    {
+        let mut registry = daemon.registry();
+        for (name, snapshot) in resumable {
+            let dataset = daemon.catalog().datasets[&name].clone();
+            tracing::info!(dataset = %name, "resuming the hydration of snapshot {}", snapshot.digest);
+            flight::start(&daemon, &mut registry, &name, dataset, Some(snapshot));
+        }
+    }
+    daemon.prewarm();
+    let servers = listeners.serve(&daemon);
+    let maintenance = tokio::spawn({
+        let daemon = daemon.clone();
+        async move {
+            loop {
+                evict::maintain(&daemon).await;
+                tokio::time::sleep(daemon.catalog().cache.maintenance_interval).await;
+            }
+        }
+    });
+    tracing::info!(
+        "daemon ready: cache {} (quota {}), {} datasets",
+        daemon.root.display(),
+        crate::report::human_bytes(daemon.catalog().cache.quota),
+        daemon.catalog().datasets.len()
+    );
+    wait_for_stop(&daemon).await;
+    tracing::info!("stopping: no new work; hydrations flush their manifests");
+    daemon.stop.send_replace(true);
+    maintenance.abort();
+    let deadline = tokio::time::Instant::now() + STOP_GRACE;
+    while daemon
+        .registry()
+        .datasets
+        .values()
+        .any(|e| e.flight.is_some())
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    if let Some(controller) = controller {
+        controller.abort();
+    }
+    servers.stop().await;
+    daemon.save_state();
+    tracing::info!("stopped");
+    Ok(Exit::Success)
+}
+
+/// Waits for SIGTERM or SIGINT, reloading the catalog on SIGHUP meanwhile.
+async fn wait_for_stop(daemon: &Arc<Daemon>) {
+    let (mut term, mut int, mut hup) = match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
+    ) {
+        (Ok(term), Ok(int), Ok(hup)) => (term, int, hup),
+        _ => {
+            tracing::error!("cannot install signal handlers; stopping");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            _ = term.recv() => return,
+            _ = int.recv() => return,
+            _ = hup.recv() => daemon.reload(),
+        }
+    }
+}
+
+/// The unix socket and the TCP listener, bound before anything else starts.
+struct Listeners {
+    unix: Option<(tokio::net::UnixListener, PathBuf)>,
+    tcp: Option<tokio::net::TcpListener>,
+}
+
+struct Servers {
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    shutdown: watch::Sender<bool>,
+    socket: Option<PathBuf>,
+}
+
+impl Listeners {
+    async fn bind(listen: &catalog::Listen) -> Result<Self, UsageError> {
+        let unix = match &listen.socket {
+            None => None,
+            Some(path) => Some((bind_socket(path, listen.socket_mode)?, path.clone())),
+        };
+        let tcp = match listen.tcp {
+            None => None,
+            Some(addr) => Some(
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|e| UsageError::new(format!("listen.tcp {addr}: {e}")))?,
+            ),
+        };
+        Ok(Self { unix, tcp })
+    }
+
+    fn serve(self, daemon: &Arc<Daemon>) -> Servers {
+        let shutdown = watch::channel(false).0;
+        let mut tasks = Vec::new();
+        let stopped = |shutdown: &watch::Sender<bool>| {
+            let mut rx = shutdown.subscribe();
+            async move {
+                let _ = rx.wait_for(|stop| *stop).await;
+            }
+        };
+        let mut socket = None;
+        if let Some((listener, path)) = self.unix {
+            let app = api::router(daemon.clone(), false);
+            let stop = stopped(&shutdown);
+            tasks.push(tokio::spawn(async move {
+                if let Err(err) = axum::serve(listener, app)
+                    .with_graceful_shutdown(stop)
+                    .await
+                {
+                    tracing::error!("unix socket server: {err}");
+                }
+            }));
+            tracing::info!("listening on unix:{}", path.display());
+            socket = Some(path);
+        }
+        if let Some(listener) = self.tcp {
+            if let Ok(addr) = listener.local_addr() {
+                tracing::info!("listening on http://{addr} (bearer token required)");
+            }
+            let app = api::router(daemon.clone(), true);
+            let stop = stopped(&shutdown);
+            tasks.push(tokio::spawn(async move {
+                if let Err(err) = axum::serve(listener, app)
+                    .with_graceful_shutdown(stop)
+                    .await
+                {
+                    tracing::error!("TCP server: {err}");
+                }
+            }));
+        }
+        Servers {
+            tasks,
+            shutdown,
+            socket,
+        }
+    }
+}
+
+impl Servers {
+    /// Stops accepting, lets answers in progress finish (briefly), removes the socket.
+    async fn stop(self) {
+        self.shutdown.send_replace(true);
+        for task in self.tasks {
+            let abort = task.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(2), task)
+                .await
+                .is_err()
+            {
+                abort.abort();
+            }
+        }
+        if let Some(socket) = self.socket {
+            let _ = std::fs::remove_file(socket);
+        }
+    }
+}
+
+/// Binds the unix socket with `mode`. A socket file left by a killed daemon is replaced; one
+/// that still answers belongs to a running daemon and is an error.
+fn bind_socket(path: &Path, mode: u32) -> Result<tokio::net::UnixListener, UsageError> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let bad = |why: String| UsageError::new(format!("listen.socket {}: {why}", path.display()));
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| bad(e.to_string()))?;
+    }
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(bad("exists and is not a socket".into()));
+        }
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(bad("another daemon is listening on it".into()));
+        }
+        std::fs::remove_file(path).map_err(|e| bad(e.to_string()))?;
+    }
+    let listener = tokio::net::UnixListener::bind(path).map_err(|e| bad(e.to_string()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| bad(e.to_string()))?;
+    Ok(listener)
+}

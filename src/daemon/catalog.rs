@@ -1,0 +1,463 @@
+//! The daemon's catalog (TOML): the cache, the listeners and the datasets that may be hydrated.
+//! Only names in the catalog can be requested, so a caller can never make the daemon read a
+//! bucket of its choosing with the daemon's credentials. Every problem in the file is reported
+//! at once, each naming the setting it concerns.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::config::{self, S3Url, StaticCredentials, SyncConfig};
+use crate::error::UsageError;
+
+const DEFAULT_SOCKET_MODE: u32 = 0o660;
+const DEFAULT_PARALLEL_HYDRATIONS: usize = 2;
+const DEFAULT_CONCURRENCY: usize = crate::config::AUTO_MAX_CONCURRENCY;
+const DEFAULT_LEASE_TTL: u64 = 3600;
+const DEFAULT_REFRESH: u64 = 60;
+const DEFAULT_MAINTENANCE_INTERVAL: u64 = 30;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCatalog {
+    cache: RawCache,
+    #[serde(default)]
+    listen: RawListen,
+    #[serde(default)]
+    datasets: BTreeMap<String, RawDataset>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCache {
+    root: PathBuf,
+    quota: String,
+    #[serde(default)]
+    free_space_floor: Option<String>,
+    #[serde(default)]
+    parallel_hydrations: Option<usize>,
+    #[serde(default)]
+    concurrency: Option<String>,
+    #[serde(default)]
+    default_lease_ttl_seconds: Option<u64>,
+    #[serde(default)]
+    maintenance_interval_seconds: Option<u64>,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawListen {
+    socket: Option<PathBuf>,
+    socket_mode: Option<String>,
+    tcp: Option<String>,
+    token_file: Option<PathBuf>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDataset {
+    source: String,
+    endpoint: Option<String>,
+    region: Option<String>,
+    access_key_id_env: Option<String>,
+    secret_access_key_env: Option<String>,
+    snapshot: Option<PathBuf>,
+    #[serde(default)]
+    prewarm: bool,
+    refresh_seconds: Option<u64>,
+}
+
+/// The validated catalog.
+#[derive(Clone, Debug)]
+pub struct Catalog {
+    pub cache: Cache,
+    pub listen: Listen,
+    pub datasets: BTreeMap<String, Dataset>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Cache {
+    pub root: PathBuf,
+    /// Bytes the cache may hold on disk.
+    pub quota: u64,
+    /// Free bytes to leave on the cache's filesystem.
+    pub free_space_floor: u64,
+    /// Hydrations that run side by side.
+    pub parallel_hydrations: usize,
+    /// Requests in flight across all hydrations.
+    pub concurrency: config::Concurrency,
+    pub default_lease_ttl: Duration,
+    /// How often leases expire and the quota is enforced.
+    pub maintenance_interval: Duration,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Listen {
+    pub socket: Option<PathBuf>,
+    pub socket_mode: u32,
+    pub tcp: Option<SocketAddr>,
+    /// The bearer token TCP callers must send (read from `token_file`).
+    pub token: Option<String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Dataset {
+    pub source: S3Url,
+    pub endpoint: Option<String>,
+    pub region: Option<String>,
+    /// Static credentials from the named environment variables; `None`: the AWS chain.
+    pub credentials: Option<StaticCredentials>,
+    /// The pinned snapshot (from the catalog's `snapshot` file): the dataset never moves past it.
+    pub pinned: Option<std::sync::Arc<crate::snapshot::Snapshot>>,
+    pub prewarm: bool,
+    /// How long a ready copy of an unpinned dataset is handed out before the source is listed
+    /// again for a newer version.
+    pub refresh: Duration,
+}
+
+impl Dataset {
+    /// A sync config for hydrating this dataset into `dest`.
+    pub fn sync_config(&self, dest: PathBuf, concurrency: config::Concurrency) -> SyncConfig {
+        SyncConfig {
+            path_style: self.endpoint.is_some(),
+            endpoint: self.endpoint.clone(),
+            region: self.region.clone(),
+            credentials: self.credentials.clone(),
+            concurrency,
+            progress: config::ProgressMode::None,
+            ..SyncConfig::new(self.source.clone(), dest)
+        }
+    }
+}
+
+/// Reads and validates the catalog at `path`; environment variables are looked up with `env`.
+pub fn load(path: &Path, env: impl Fn(&str) -> Option<String>) -> Result<Catalog, UsageError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| UsageError::new(format!("catalog {}: {e}", path.display())))?;
+    parse(&text, env).map_err(|problems| {
+        UsageError::new(format!(
+            "catalog {}:\n  {}",
+            path.display(),
+            problems.join("\n  ")
+        ))
+    })
+}
+
+/// Parses catalog text; `Err` lists every problem found.
+pub fn parse(text: &str, env: impl Fn(&str) -> Option<String>) -> Result<Catalog, Vec<String>> {
+    let raw: RawCatalog = toml::from_str(text).map_err(|e| vec![e.to_string()])?;
+    let mut problems = Vec::new();
+    let cache = cache(raw.cache, &mut problems);
+    let listen = listen(raw.listen, &mut problems);
+    let mut datasets = BTreeMap::new();
+    for (name, dataset) in raw.datasets {
+        let mut problem = |why: String| problems.push(format!("dataset {name:?}: {why}"));
+        if let Err(why) = check_name(&name) {
+            problem(why);
+        }
+        if let Some(dataset) = self::dataset(dataset, &env, &mut problem) {
+            datasets.insert(name, dataset);
+        }
+    }
+    match problems.is_empty() {
+        true => Ok(Catalog {
+            cache,
+            listen,
+            datasets,
+        }),
+        false => Err(problems),
+    }
+}
+
+fn size(field: &str, text: &str, problems: &mut Vec<String>) -> u64 {
+    config::parse_size(text).unwrap_or_else(|why| {
+        problems.push(format!("{field}: {why}"));
+        0
+    })
+}
+
+fn cache(raw: RawCache, problems: &mut Vec<String>) -> Cache {
+    if !raw.root.is_absolute() {
+        problems.push(format!(
+            "cache.root {:?} must be an absolute path",
+            raw.root
+        ));
+    }
+    let quota = size("cache.quota", &raw.quota, problems);
+    if quota == 0 && problems.is_empty() {
+        problems.push("cache.quota must be more than 0".into());
+    }
+    let free_space_floor = raw
+        .free_space_floor
+        .map_or(0, |floor| size("cache.free_space_floor", &floor, problems));
+    let parallel_hydrations = raw
+        .parallel_hydrations
+        .unwrap_or(DEFAULT_PARALLEL_HYDRATIONS);
+    if parallel_hydrations == 0 {
+        problems.push("cache.parallel_hydrations must be at least 1".into());
+    }
+    let concurrency = match raw.concurrency.as_deref() {
+        None => config::Concurrency::Fixed(DEFAULT_CONCURRENCY),
+        Some(text) => match config::parse_concurrency(text) {
+            Ok(config::Concurrency::Fixed(n)) if !(1..=config::MAX_CONCURRENCY).contains(&n) => {
+                problems.push(format!(
+                    "cache.concurrency {n} must be auto or 1 to {}",
+                    config::MAX_CONCURRENCY
+                ));
+                config::Concurrency::Auto
+            }
+            Ok(concurrency) => concurrency,
+            Err(why) => {
+                problems.push(format!("cache.concurrency: {why}"));
+                config::Concurrency::Auto
+            }
+        },
+    };
+    let seconds = |value: Option<u64>, default: u64, field: &str, problems: &mut Vec<String>| {
+        let value = value.unwrap_or(default);
+        if value == 0 {
+            problems.push(format!("cache.{field} must be at least 1"));
+        }
+        Duration::from_secs(value)
+    };
+    Cache {
+        root: raw.root,
+        quota,
+        free_space_floor,
+        parallel_hydrations,
+        concurrency,
+        default_lease_ttl: seconds(
+            raw.default_lease_ttl_seconds,
+            DEFAULT_LEASE_TTL,
+            "default_lease_ttl_seconds",
+            problems,
+        ),
+        maintenance_interval: seconds(
+            raw.maintenance_interval_seconds,
+            DEFAULT_MAINTENANCE_INTERVAL,
+            "maintenance_interval_seconds",
+            problems,
+        ),
+    }
+}
+
+fn listen(raw: RawListen, problems: &mut Vec<String>) -> Listen {
+    let socket_mode = match raw.socket_mode.as_deref() {
+        None => DEFAULT_SOCKET_MODE,
+        Some(text) => match u32::from_str_radix(text.trim_start_matches("0o"), 8) {
+            Ok(mode) if mode <= 0o777 => mode,
+            _ => {
+                problems.push(format!(
+                    "listen.socket_mode {text:?} must be octal permissions such as \"0660\""
+                ));
+                DEFAULT_SOCKET_MODE
+            }
+        },
+    };
+    let tcp = raw.tcp.as_deref().and_then(|addr| {
+        addr.parse()
+            .map_err(|_| problems.push(format!("listen.tcp {addr:?} must be IP:PORT")))
+            .ok()
+    });
+    let token = match (&raw.tcp, &raw.token_file) {
+        (Some(_), None) => {
+            problems.push(
+                "listen.tcp needs listen.token_file (callers send it as a bearer token)".into(),
+            );
+            None
+        }
+        (_, Some(file)) => match std::fs::read_to_string(file) {
+            Ok(token) if token.trim().len() >= 16 => Some(token.trim().to_string()),
+            Ok(_) => {
+                problems.push(format!(
+                    "listen.token_file {}: the token must be at least 16 characters",
+                    file.display()
+                ));
+                None
+            }
+            Err(e) => {
+                problems.push(format!("listen.token_file {}: {e}", file.display()));
+                None
+            }
+        },
+        (None, None) => None,
+    };
+    if raw.socket.is_none() && raw.tcp.is_none() {
+        problems.push("listen: give a socket, a tcp address or both".into());
+    }
+    Listen {
+        socket: raw.socket,
+        socket_mode,
+        tcp,
+        token,
+    }
+}
+
+fn dataset(
+    raw: RawDataset,
+    env: &impl Fn(&str) -> Option<String>,
+    problem: &mut impl FnMut(String),
+) -> Option<Dataset> {
+    let source = S3Url::parse(&raw.source)
+        .map_err(|e| problem(e.to_string()))
+        .ok();
+    if let Some(endpoint) = &raw.endpoint {
+        if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+            problem(format!(
+                "endpoint {endpoint:?} must be an http:// or https:// URL"
+            ));
+        }
+    }
+    let mut from_env = |field: &str, var: &str| {
+        let value = env(var).filter(|v| !v.is_empty());
+        if value.is_none() {
+            problem(format!("{field}: environment variable {var} is not set"));
+        }
+        value
+    };
+    let credentials = match (&raw.access_key_id_env, &raw.secret_access_key_env) {
+        (None, None) => None,
+        (Some(id), Some(secret)) => {
+            let access_key = from_env("access_key_id_env", id);
+            let secret_key = from_env("secret_access_key_env", secret);
+            access_key
+                .zip(secret_key)
+                .map(|(access_key, secret_key)| StaticCredentials {
+                    access_key,
+                    secret_key,
+                })
+        }
+        _ => {
+            problem("give both access_key_id_env and secret_access_key_env, or neither".into());
+            None
+        }
+    };
+    let source = source?;
+    let pinned = match &raw.snapshot {
+        None => None,
+        Some(file) => match crate::snapshot::read(file) {
+            Ok(s) if s.bucket != source.bucket || s.prefix != source.prefix => {
+                problem(format!(
+                    "snapshot {} is of s3://{}/{}, not of {source}",
+                    file.display(),
+                    s.bucket,
+                    s.prefix
+                ));
+                None
+            }
+            Ok(snapshot) => Some(std::sync::Arc::new(snapshot)),
+            Err(e) => {
+                problem(e.to_string());
+                None
+            }
+        },
+    };
+    Some(Dataset {
+        source,
+        endpoint: raw.endpoint,
+        region: raw.region,
+        credentials,
+        pinned,
+        prewarm: raw.prewarm,
+        refresh: Duration::from_secs(raw.refresh_seconds.unwrap_or(DEFAULT_REFRESH)),
+    })
+}
+
+/// Dataset names are directory names under the cache root and path segments of the API.
+fn check_name(name: &str) -> Result<(), String> {
+    let ok = (1..=63).contains(&name.len())
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    match ok {
+        true => Ok(()),
+        false => Err(
+            "names are 1 to 63 letters, digits, '-', '_' or '.', starting with a letter or digit"
+                .into(),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(name: &str) -> Option<String> {
+        (name == "KEY" || name == "SECRET").then(|| format!("{name}-value"))
+    }
+
+    const GOOD: &str = r#"
+        [cache]
+        root = "/var/cache/hydrator"
+        quota = "10GiB"
+        free_space_floor = "1GiB"
+        [listen]
+        socket = "/run/hydrator/hydrator.sock"
+        [datasets.imagenet]
+        source = "s3://datasets/imagenet"
+        endpoint = "http://minio:9000"
+        access_key_id_env = "KEY"
+        secret_access_key_env = "SECRET"
+        prewarm = true
+        [datasets.coco]
+        source = "s3://datasets/coco/"
+    "#;
+
+    #[test]
+    fn a_good_catalog_gets_its_defaults() {
+        let catalog = parse(GOOD, env).unwrap();
+        assert_eq!(catalog.cache.quota, 10 << 30);
+        assert_eq!(catalog.cache.parallel_hydrations, 2);
+        assert_eq!(catalog.listen.socket_mode, 0o660);
+        let imagenet = &catalog.datasets["imagenet"];
+        assert_eq!(imagenet.source.prefix, "imagenet/");
+        assert_eq!(
+            imagenet.credentials.as_ref().unwrap().secret_key,
+            "SECRET-value"
+        );
+        assert!(imagenet.prewarm);
+        assert!(catalog.datasets["coco"].credentials.is_none());
+        assert_eq!(catalog.datasets["coco"].refresh, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once() {
+        let text = r#"
+            [cache]
+            root = "relative"
+            quota = "10 bananas"
+            [listen]
+            tcp = "0.0.0.0:7070"
+            socket_mode = "999"
+            [datasets."../etc"]
+            source = "s3://datasets/x/"
+            [datasets.b]
+            source = "http://not-s3/"
+            access_key_id_env = "MISSING"
+            secret_access_key_env = "SECRET"
+        "#;
+        let problems = parse(text, env).unwrap_err().join("\n");
+        for expected in [
+            "cache.root",
+            "cache.quota",
+            "listen.tcp needs listen.token_file",
+            "listen.socket_mode",
+            "dataset \"../etc\": names are",
+            "dataset \"b\": invalid source URL",
+            "MISSING is not set",
+        ] {
+            assert!(problems.contains(expected), "{expected} in:\n{problems}");
+        }
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_toml_are_errors() {
+        let typo = GOOD.replace("prewarm", "prewram");
+        assert!(parse(&typo, env).unwrap_err()[0].contains("prewram"));
+        assert!(parse("[cache\n", env).is_err());
+    }
+}

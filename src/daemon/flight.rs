@@ -1,0 +1,225 @@
+//! Hydrations, single-flight: every warm request for a dataset that is not ready joins the one
+//! hydration of that dataset in progress, or starts it. A hydration lists the source into a
+//! snapshot (or takes the catalog's pinned one), returns at once when that snapshot is already
+//! on disk, otherwise links the unchanged files of the previous snapshot, reserves space for
+//! the rest and runs the sync engine into `ROOT/<name>/<digest>/` under the daemon's shared
+//! request and buffer budget.
+
+use std::sync::Arc;
+
+use super::catalog::Dataset;
+use super::link;
+use super::metrics::Metrics;
+use super::protocol::DatasetStatus;
+use super::registry::{self, Flight, FlightEnd, ReadySnapshot};
+use super::Daemon;
+use crate::engine::{self, stats::Stats, Hooks};
+use crate::error::Exit;
+use crate::snapshot::{self, Snapshot};
+use crate::source::client;
+
+/// What a warm request gets.
+pub enum Warm {
+    Ready(DatasetStatus),
+    /// Resolves when the hydration ends.
+    Hydrating(tokio::sync::watch::Receiver<Option<FlightEnd>>),
+}
+
+/// Answers a warm request for the catalog dataset `name`.
+pub fn warm(daemon: &Arc<Daemon>, name: &str, dataset: &Dataset) -> Warm {
+    let mut registry = daemon.registry();
+    let entry = registry.datasets.entry(name.to_string()).or_default();
+    if let Some(flight) = &entry.flight {
+        return Warm::Hydrating(flight.done.subscribe());
+    }
+    let fresh = entry
+        .current
+        .as_ref()
+        .filter(|current| match &dataset.pinned {
+            Some(pinned) => **current == pinned.digest,
+            None => entry
+                .checked_at
+                .is_some_and(|at| at.elapsed() < dataset.refresh),
+        });
+    if let Some(current) = fresh.cloned() {
+        let ready = entry.ready.get_mut(&current).expect("current is ready");
+        ready.last_used = registry::now_unix();
+        Metrics::add(&daemon.metrics.bytes_from_cache, ready.bytes);
+        return Warm::Ready(registry.status(&daemon.root, name));
+    }
+    let receiver = start(daemon, &mut registry, name, dataset.clone(), None);
+    Warm::Hydrating(receiver)
+}
+
+/// Starts a hydration of `name` (of `resume`, a snapshot found half-done on disk, if given).
+pub fn start(
+    daemon: &Arc<Daemon>,
+    registry: &mut registry::Registry,
+    name: &str,
+    dataset: Dataset,
+    resume: Option<Arc<Snapshot>>,
+) -> tokio::sync::watch::Receiver<Option<FlightEnd>> {
+    let entry = registry.datasets.entry(name.to_string()).or_default();
+    let flight = Flight::new();
+    flight.info().link_source = entry.current.clone();
+    entry.flight = Some(flight.clone());
+    entry.failure = None;
+    let receiver = flight.done.subscribe();
+    let (daemon, name) = (daemon.clone(), name.to_string());
+    tokio::spawn(async move {
+        let result = hydrate(&daemon, &name, &dataset, &flight, resume).await;
+        finish(&daemon, &name, &flight, result);
+    });
+    receiver
+}
+
+/// Books the end of a hydration and wakes its waiters.
+fn finish(daemon: &Daemon, name: &str, flight: &Flight, result: Result<Done, String>) {
+    let seconds = flight.started.elapsed().as_secs_f64();
+    Metrics::add(
+        &daemon.metrics.bytes_fetched,
+        Stats::get(&flight.stats.bytes_received),
+    );
+    let end = {
+        let mut registry = daemon.registry();
+        let entry = registry.datasets.entry(name.to_string()).or_default();
+        entry.flight = None;
+        match result {
+            Ok(done) => {
+                entry.ready.insert(done.digest.clone(), done.ready);
+                entry.current = Some(done.digest);
+                entry.checked_at = Some(std::time::Instant::now());
+                tracing::info!(dataset = name, "ready in {seconds:.1} s");
+                daemon.metrics.hydration_finished("complete", seconds);
+                FlightEnd::Ready
+            }
+            Err(reason) => {
+                tracing::error!(dataset = name, "hydration failed: {reason}");
+                entry.failure = Some(reason.clone());
+                let result = if *daemon.stop.borrow() {
+                    "stopped"
+                } else {
+                    "failed"
+                };
+                daemon.metrics.hydration_finished(result, seconds);
+                FlightEnd::Failed(reason)
+            }
+        }
+    };
+    daemon.save_state();
+    flight.done.send_replace(Some(end));
+}
+
+struct Done {
+    digest: String,
+    ready: ReadySnapshot,
+}
+
+async fn hydrate(
+    daemon: &Arc<Daemon>,
+    name: &str,
+    dataset: &Dataset,
+    flight: &Flight,
+    resume: Option<Arc<Snapshot>>,
+) -> Result<Done, String> {
+    let _permit = daemon.hydrations.acquire().await.map_err(|_| "stopping")?;
+    if *daemon.stop.borrow() {
+        return Err("the daemon is stopping".into());
+    }
+    let concurrency = daemon.catalog().cache.concurrency;
+    let dir = |digest: &str| registry::snapshot_dir(&daemon.root, name, digest);
+    let mut cfg = dataset.sync_config(Default::default(), concurrency);
+    flight.set_phase("listing");
+    let snapshot = match resume.or_else(|| dataset.pinned.clone()) {
+        Some(snapshot) => snapshot,
+        None => {
+            let client = client::build(&cfg, daemon.budget.slots.responses.clone()).await;
+            let listed = snapshot::create(client, &dataset.source, dataset.endpoint.clone())
+                .await
+                .map_err(|e| e.to_string())?;
+            Arc::new(listed)
+        }
+    };
+    let digest = snapshot.digest.clone();
+    {
+        let mut info = flight.info();
+        info.snapshot = Some(digest.clone());
+        (info.objects, info.bytes) = (snapshot.objects, snapshot.bytes);
+    }
+    let already = daemon.registry().datasets[name].ready.get(&digest).cloned();
+    if let Some(ready) = already {
+        tracing::info!(dataset = name, "the source is unchanged: snapshot {digest}");
+        return Ok(Done { digest, ready });
+    }
+    cfg.dest = dir(&digest);
+    cfg.snapshot = Some(snapshot.clone());
+    let link_source = flight.info().link_source.clone().filter(|s| *s != digest);
+    let linked = {
+        let (root, name, source, snapshot) = (
+            daemon.root.clone(),
+            name.to_string(),
+            cfg.source_info(),
+            snapshot.clone(),
+        );
+        flight.set_phase("linking");
+        let dest = cfg.dest.clone();
+        tokio::task::spawn_blocking(move || -> std::io::Result<link::Linked> {
+            std::fs::create_dir_all(&dest)?;
+            snapshot::write(
+                &registry::snapshot_file(&root, &name, &snapshot.digest),
+                &snapshot,
+            )?;
+            match link_source {
+                Some(previous) => link::link_unchanged(
+                    &registry::snapshot_dir(&root, &name, &previous),
+                    &dest,
+                    &source,
+                    &snapshot,
+                ),
+                None => Ok(link::Linked::default()),
+            }
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("preparing {}: {e}", cfg.dest.display()))?
+    };
+    if linked.objects > 0 {
+        tracing::info!(
+            dataset = name,
+            "{} unchanged objects linked from the previous snapshot",
+            linked.objects
+        );
+        Metrics::add(&daemon.metrics.bytes_from_cache, linked.bytes);
+    }
+    flight.set_phase("reserving");
+    super::evict::reserve(daemon, flight, snapshot.bytes - linked.bytes).await?;
+    flight.set_phase("downloading");
+    let hooks = Hooks {
+        budget: Some(daemon.budget.clone()),
+        stats: flight.stats.clone(),
+        stop: Some(daemon.stop.subscribe()),
+    };
+    let outcome = engine::run_with(cfg, hooks)
+        .await
+        .map_err(|e| e.to_string())?;
+    if outcome.exit != Exit::Success {
+        let summary = &outcome.summary;
+        let first = summary.failures.first();
+        return Err(match (&summary.error, first) {
+            (Some(error), _) => error.clone(),
+            (None, Some(f)) => format!(
+                "{} objects failed; first: {}: {}",
+                summary.objects.failed, f.key, f.reason
+            ),
+            (None, None) => "the hydration did not complete".into(),
+        });
+    }
+    Ok(Done {
+        digest,
+        ready: ReadySnapshot {
+            objects: snapshot.objects,
+            bytes: snapshot.bytes,
+            last_used: registry::now_unix(),
+        },
+    })
+}

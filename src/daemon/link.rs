@@ -1,0 +1,92 @@
+//! A new snapshot of a dataset starts from the one before it: every file whose object did not
+//! change (same key, size and ETag, and the old file still the one its manifest published) is
+//! hard-linked into the new directory and recorded there as published, so the engine skips it
+//! and only changed objects are downloaded.
+//!
+//! Sharing inodes is safe because hydrator never writes a published file in place: new data
+//! goes to a `.partial` file that is renamed over the name, which leaves the old inode, and so
+//! a reader of the old snapshot, untouched.
+
+use std::io;
+use std::path::Path;
+
+use crate::manifest::journal::SourceInfo;
+use crate::manifest::{Manifest, ObjectState};
+use crate::plan::keys::{plan_key, KeyPlan};
+use crate::snapshot::Snapshot;
+use crate::write::dest::{self, Dest};
+
+/// What the new snapshot got from the old one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Linked {
+    pub objects: u64,
+    pub bytes: u64,
+}
+
+/// Links the files of `previous` (a complete snapshot directory) that `snapshot` still holds
+/// into `next`, whose manifest is opened for `source`.
+pub fn link_unchanged(
+    previous: &Path,
+    next: &Path,
+    source: &SourceInfo,
+    snapshot: &Snapshot,
+) -> io::Result<Linked> {
+    let old_dest = Dest::open(previous)?;
+    let Some((_, old)) = Manifest::open_existing(&old_dest)? else {
+        return Ok(Linked::default());
+    };
+    let new_dest = Dest::open(next)?;
+    let manifest = Manifest::open(&new_dest, source)?;
+    let old_state = old.state();
+    let mut linked = Linked::default();
+    for entry in &snapshot.entries {
+        let Some(prev) = old_state.objects.get(&entry.key) else {
+            continue;
+        };
+        let (Some(done), KeyPlan::File(rel)) = (
+            prev.complete,
+            plan_key(&snapshot.prefix, &entry.key, entry.size),
+        ) else {
+            continue;
+        };
+        if prev.etag != entry.etag || prev.size != entry.size || !rel.is(&prev.path) {
+            continue;
+        }
+        let already = manifest.inspect(&entry.key, |known| {
+            known.is_some_and(|k| k.etag == entry.etag && k.complete == Some(done))
+        });
+        if already {
+            continue;
+        }
+        let Some(from) = old_dest.open_parent(&rel, false)? else {
+            continue;
+        };
+        let unchanged = dest::stat_regular_at(&from, rel.file_name())?
+            .is_some_and(|st| st.inode == done.inode && st.mtime_ns == done.mtime_ns);
+        if !unchanged {
+            continue;
+        }
+        let to = new_dest
+            .open_parent(&rel, true)?
+            .expect("open_parent with create returns a directory");
+        match dest::link_at(&from, &to, rel.file_name()) {
+            Ok(()) => {}
+            // Left for the engine, which replaces whatever is there.
+            Err(err) if err.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(err) => return Err(err),
+        }
+        let state = ObjectState {
+            parts: Default::default(),
+            complete: None,
+            seen: false,
+            ..prev.as_ref().clone()
+        };
+        manifest.start_object(&entry.key, &state)?;
+        manifest.complete(&entry.key, &entry.etag, done)?;
+        linked.objects += 1;
+        linked.bytes += entry.size;
+    }
+    new_dest.syncer()?.sync()?;
+    manifest.sync()?;
+    Ok(linked)
+}

@@ -1,0 +1,94 @@
+//! The bodies the daemon's HTTP API speaks (JSON), shared by the daemon and `hydrator warm`.
+
+use serde::{Deserialize, Serialize};
+
+/// Where a dataset stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    /// Not on this node.
+    Absent,
+    Hydrating,
+    /// A complete, verified snapshot is on disk at `path`.
+    Ready,
+    /// The last hydration failed (`reason`); the next warm request tries again.
+    Failed,
+}
+
+impl State {
+    pub const ALL: [State; 4] = [State::Absent, State::Hydrating, State::Ready, State::Failed];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            State::Absent => "absent",
+            State::Hydrating => "hydrating",
+            State::Ready => "ready",
+            State::Failed => "failed",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Progress {
+    /// What the hydration is doing: queued, listing, linking, reserving, downloading.
+    pub phase: String,
+    pub objects_done: u64,
+    pub objects_total: u64,
+    pub bytes_done: u64,
+    pub bytes_total: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DatasetStatus {
+    pub name: String,
+    pub state: State,
+    /// Digest of the ready snapshot (`ready`), or of the one being hydrated once listed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+    /// The ready snapshot's directory: mount or read it, never write to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objects: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<Progress>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// `POST /v1/datasets/{name}/warm` (the body is optional).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WarmRequest {
+    /// Answer only when the hydration has finished (ready or failed).
+    #[serde(default)]
+    pub wait: bool,
+}
+
+/// `PUT /v1/datasets/{name}/leases/{holder}` (the body is optional).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseRequest {
+    /// Default: the catalog's `default_lease_ttl_seconds`.
+    #[serde(default)]
+    pub ttl_seconds: Option<u64>,
+    /// The snapshot to pin (default: the dataset's current ready snapshot).
+    #[serde(default)]
+    pub snapshot: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    pub dataset: String,
+    pub holder: String,
+    pub snapshot: String,
+    /// Unix seconds.
+    pub expires_at: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: String,
+}

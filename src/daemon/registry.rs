@@ -1,0 +1,344 @@
+//! The daemon's memory of the cache: the ready snapshots of each dataset, the hydration in
+//! flight, the last failure and the leases.
+//!
+//! The directories are the truth: on start the registry is rebuilt from them (a snapshot is
+//! ready exactly when its READY marker says so), and only what the disk cannot tell (leases
+//! and when each snapshot was last used) is kept in `ROOT/.daemon/state.json`.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use super::protocol::{DatasetStatus, Lease, Progress, State};
+use crate::engine::stats::Stats;
+
+/// The daemon's own directory under the cache root.
+pub const DAEMON_DIR: &str = ".daemon";
+const STATE_FILE: &str = "state.json";
+
+pub fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs()
+}
+
+/// A complete snapshot on disk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadySnapshot {
+    pub objects: u64,
+    pub bytes: u64,
+    /// Unix seconds: when a caller last got it or leased it.
+    pub last_used: u64,
+}
+
+/// How a hydration ended.
+#[derive(Clone, Debug)]
+pub enum FlightEnd {
+    Ready,
+    Failed(String),
+}
+
+/// What a running hydration has found out so far.
+#[derive(Clone, Debug, Default)]
+pub struct FlightInfo {
+    pub phase: &'static str,
+    pub snapshot: Option<String>,
+    pub objects: u64,
+    pub bytes: u64,
+    /// The snapshot it links unchanged files from: not evictable meanwhile.
+    pub link_source: Option<String>,
+    /// Bytes reserved for it before it started downloading.
+    pub reserved: u64,
+}
+
+/// One hydration, shared by every request for its dataset.
+pub struct Flight {
+    pub stats: Arc<Stats>,
+    pub started: Instant,
+    pub info: Mutex<FlightInfo>,
+    pub done: watch::Sender<Option<FlightEnd>>,
+}
+
+impl Flight {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            stats: Arc::default(),
+            started: Instant::now(),
+            info: Mutex::new(FlightInfo {
+                phase: "queued",
+                ..Default::default()
+            }),
+            done: watch::channel(None).0,
+        })
+    }
+
+    pub fn info(&self) -> std::sync::MutexGuard<'_, FlightInfo> {
+        self.info.lock().expect("flight info lock")
+    }
+
+    pub fn set_phase(&self, phase: &'static str) {
+        self.info().phase = phase;
+    }
+
+    /// Reserved bytes not written yet.
+    pub fn outstanding(&self) -> u64 {
+        self.info()
+            .reserved
+            .saturating_sub(Stats::get(&self.stats.bytes_received))
+    }
+
+    fn progress(&self) -> Progress {
+        let info = self.info();
+        Progress {
+            phase: info.phase.to_string(),
+            objects_done: self.stats.objects_finished(),
+            objects_total: info.objects,
+            bytes_done: Stats::get(&self.stats.bytes_received)
+                + Stats::get(&self.stats.bytes_skipped),
+            bytes_total: info.bytes,
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct DatasetEntry {
+    pub ready: BTreeMap<String, ReadySnapshot>,
+    /// The newest ready snapshot: what warm requests get.
+    pub current: Option<String>,
+    /// When `current` was last confirmed against the source's listing.
+    pub checked_at: Option<Instant>,
+    pub flight: Option<Arc<Flight>>,
+    pub failure: Option<String>,
+}
+
+#[derive(Default)]
+pub struct Registry {
+    pub datasets: BTreeMap<String, DatasetEntry>,
+    /// By (dataset, holder).
+    pub leases: BTreeMap<(String, String), Lease>,
+}
+
+/// Why a lease cannot be taken.
+#[derive(Debug, PartialEq, Eq)]
+pub enum LeaseRefused {
+    NotReady,
+    NoSuchSnapshot(String),
+}
+
+impl Registry {
+    /// The status of `name`, whose snapshots live under `root/name/`.
+    pub fn status(&self, root: &Path, name: &str) -> DatasetStatus {
+        let mut status = DatasetStatus {
+            name: name.to_string(),
+            state: State::Absent,
+            snapshot: None,
+            path: None,
+            objects: None,
+            bytes: None,
+            progress: None,
+            reason: None,
+        };
+        let Some(entry) = self.datasets.get(name) else {
+            return status;
+        };
+        if let Some(flight) = &entry.flight {
+            status.state = State::Hydrating;
+            status.snapshot = flight.info().snapshot.clone();
+            status.progress = Some(flight.progress());
+        } else if let Some(reason) = &entry.failure {
+            status.state = State::Failed;
+            status.reason = Some(reason.clone());
+        } else if let Some(digest) = &entry.current {
+            let ready = &entry.ready[digest];
+            status.state = State::Ready;
+            status.path = Some(snapshot_dir(root, name, digest).display().to_string());
+            status.snapshot = Some(digest.clone());
+            status.objects = Some(ready.objects);
+            status.bytes = Some(ready.bytes);
+        }
+        status
+    }
+
+    /// Whether the snapshot must stay: leased, being hydrated, or linked from.
+    pub fn pinned(&self, name: &str, digest: &str, now: u64) -> bool {
+        let leased = self
+            .leases
+            .values()
+            .any(|l| l.dataset == name && l.snapshot == digest && l.expires_at > now);
+        let in_flight = self
+            .datasets
+            .get(name)
+            .and_then(|e| e.flight.as_ref())
+            .is_some_and(|f| {
+                let info = f.info();
+                info.snapshot.as_deref() == Some(digest)
+                    || info.link_source.as_deref() == Some(digest)
+            });
+        leased || in_flight
+    }
+
+    /// Takes or renews `holder`'s lease on `name` (its current snapshot unless one is named).
+    pub fn lease(
+        &mut self,
+        name: &str,
+        holder: &str,
+        snapshot: Option<&str>,
+        expires_at: u64,
+    ) -> Result<Lease, LeaseRefused> {
+        let entry = self.datasets.get_mut(name).ok_or(LeaseRefused::NotReady)?;
+        let digest = match snapshot {
+            Some(digest) => digest.to_string(),
+            None => entry.current.clone().ok_or(LeaseRefused::NotReady)?,
+        };
+        let ready = entry
+            .ready
+            .get_mut(&digest)
+            .ok_or_else(|| LeaseRefused::NoSuchSnapshot(digest.clone()))?;
+        ready.last_used = now_unix();
+        let lease = Lease {
+            dataset: name.to_string(),
+            holder: holder.to_string(),
+            snapshot: digest,
+            expires_at,
+        };
+        self.leases
+            .insert((name.to_string(), holder.to_string()), lease.clone());
+        Ok(lease)
+    }
+
+    /// Drops leases that ran out; returns how many.
+    pub fn expire_leases(&mut self, now: u64) -> usize {
+        let before = self.leases.len();
+        self.leases.retain(|_, lease| lease.expires_at > now);
+        before - self.leases.len()
+    }
+
+    /// What goes into `state.json`.
+    pub fn persisted(&self) -> Persisted {
+        let mut last_used = BTreeMap::new();
+        for (name, entry) in &self.datasets {
+            for (digest, ready) in &entry.ready {
+                last_used.insert(format!("{name}/{digest}"), ready.last_used);
+            }
+        }
+        Persisted {
+            leases: self.leases.values().cloned().collect(),
+            last_used,
+        }
+    }
+}
+
+/// `ROOT/.daemon/state.json`.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct Persisted {
+    pub leases: Vec<Lease>,
+    /// `name/digest` → unix seconds.
+    pub last_used: BTreeMap<String, u64>,
+}
+
+pub fn snapshot_dir(root: &Path, name: &str, digest: &str) -> PathBuf {
+    root.join(name).join(digest)
+}
+
+/// The frozen listing a snapshot directory was hydrated from.
+pub fn snapshot_file(root: &Path, name: &str, digest: &str) -> PathBuf {
+    root.join(name).join(format!("{digest}.snapshot"))
+}
+
+/// Writes `state` atomically.
+pub fn save(root: &Path, state: &Persisted) -> io::Result<()> {
+    let dir = root.join(DAEMON_DIR);
+    let tmp = dir.join(format!("{STATE_FILE}.tmp"));
+    let file = std::fs::File::create(&tmp)?;
+    serde_json::to_writer(&file, state)?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, dir.join(STATE_FILE))
+}
+
+/// Reads `state.json`; a missing or unreadable one is an empty state (logged).
+pub fn load(root: &Path) -> Persisted {
+    let path = root.join(DAEMON_DIR).join(STATE_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|err| {
+            tracing::warn!(
+                "{}: {err}; leases and last-use times start empty",
+                path.display()
+            );
+            Persisted::default()
+        }),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => Persisted::default(),
+        Err(err) => {
+            tracing::warn!(
+                "{}: {err}; leases and last-use times start empty",
+                path.display()
+            );
+            Persisted::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registry_with_ready() -> Registry {
+        let mut registry = Registry::default();
+        let entry = registry.datasets.entry("ds".into()).or_default();
+        entry.ready.insert(
+            "old".into(),
+            ReadySnapshot {
+                objects: 1,
+                bytes: 10,
+                last_used: 0,
+            },
+        );
+        entry.current = Some("old".into());
+        registry
+    }
+
+    #[test]
+    fn a_lease_pins_its_snapshot_until_it_expires() {
+        let mut registry = registry_with_ready();
+        assert!(!registry.pinned("ds", "old", 100));
+        registry.lease("ds", "pod-1", None, 200).unwrap();
+        assert!(registry.pinned("ds", "old", 100));
+        assert!(!registry.pinned("ds", "old", 200), "expired at 200");
+        assert_eq!(registry.expire_leases(200), 1);
+        assert!(registry.leases.is_empty());
+    }
+
+    #[test]
+    fn leases_need_a_ready_snapshot() {
+        let mut registry = registry_with_ready();
+        assert_eq!(
+            registry.lease("other", "pod", None, 1),
+            Err(LeaseRefused::NotReady)
+        );
+        assert_eq!(
+            registry.lease("ds", "pod", Some("gone"), 1),
+            Err(LeaseRefused::NoSuchSnapshot("gone".into()))
+        );
+        let status = registry.status(Path::new("/cache"), "ds");
+        assert_eq!(status.state, State::Ready);
+        assert_eq!(status.path.as_deref(), Some("/cache/ds/old"));
+    }
+
+    #[test]
+    fn a_flight_pins_its_link_source() {
+        let mut registry = registry_with_ready();
+        let flight = Flight::new();
+        flight.info().link_source = Some("old".into());
+        registry.datasets.get_mut("ds").unwrap().flight = Some(flight);
+        assert!(registry.pinned("ds", "old", 0));
+        assert_eq!(
+            registry.status(Path::new("/c"), "ds").state,
+            State::Hydrating
+        );
+    }
+}
