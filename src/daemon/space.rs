@@ -166,7 +166,7 @@ mod tests {
         assert_eq!(budget.deficit(100), None);
         assert_eq!(budget.deficit(300), Some((150, Pressure::Quota)));
         let tight_disk = Budget {
-            free: 300,
+            free: 250,
             ..budget
         };
         assert_eq!(tight_disk.deficit(150), Some((50, Pressure::FreeSpace)));
