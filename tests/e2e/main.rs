@@ -3,5 +3,6 @@
 
 #[macro_use]
 mod support;
+mod daemon;
 mod dataset;
 mod sync;

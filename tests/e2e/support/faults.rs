@@ -160,7 +160,12 @@ impl FaultyS3 {
         let method = req.method().as_str().to_string();
         let path = percent_decode(req.uri().path());
         let query = req.uri().query().unwrap_or("").to_string();
-        let counter = (method == "GET" && !query.contains("list-type"))
+        // Object GETs only (`/bucket/key`): not listings or bucket settings.
+        let is_object = path
+            .trim_start_matches('/')
+            .split_once('/')
+            .is_some_and(|(_, key)| !key.is_empty());
+        let counter = (method == "GET" && is_object)
             .then(|| self.faults.object_bytes.clone());
         let ranged = req.headers().contains_key("range");
         let if_match = req

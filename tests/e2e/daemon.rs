@@ -1,0 +1,481 @@
+//! The node daemon end to end: the real binary, the in-process S3 server (and Garage), real
+//! `hydrator warm` clients and plain HTTP on its socket.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use crate::support::daemon::{catalog, daemon_command, dataset, Daemon, DatasetSpec, TOKEN};
+use crate::support::faults::{Fault, Rule};
+use crate::support::{assert_mirror, content, files, Server, MIB};
+
+fn stdout(output: &std::process::Output) -> String {
+    String::from_utf8_lossy(&output.stdout).trim().to_string()
+}
+
+fn assert_ok(output: &std::process::Output, daemon: &Daemon) {
+    assert!(
+        output.status.success(),
+        "warm failed ({:?}):\n{}\ndaemon log:\n{}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr),
+        daemon.log()
+    );
+}
+
+fn dataset_files(seed: u64, count: usize, size: usize) -> BTreeMap<String, Vec<u8>> {
+    (0..count)
+        .map(|i| {
+            (
+                format!("part-{i}.bin"),
+                content(seed * 100 + i as u64, size),
+            )
+        })
+        .collect()
+}
+
+fn total(files: &BTreeMap<String, Vec<u8>>) -> u64 {
+    files.values().map(|f| f.len() as u64).sum()
+}
+
+fn check_fifty_clients(server: &Server, prefix: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let names = ["ds0", "ds1", "ds2", "ds3", "ds4"];
+    let prefixes: Vec<String> = names.iter().map(|n| format!("{prefix}{n}/")).collect();
+    let mut expected = Vec::new();
+    for (i, p) in prefixes.iter().enumerate() {
+        let files = dataset_files(i as u64, 4, 300 << 10);
+        server.seed(p, &files);
+        expected.push(files);
+    }
+    let specs: Vec<DatasetSpec> = names
+        .iter()
+        .zip(&prefixes)
+        .map(|(n, p)| dataset(n, p))
+        .collect();
+    let text = catalog(dir.path(), &server.target, "1GiB", "", &specs);
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    let before = server.faults.object_bytes.load(Relaxed);
+    let clients: Vec<_> = (0..50)
+        .map(|i| {
+            daemon
+                .warm_command(names[i % 5], &[])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut paths: Vec<Vec<String>> = vec![vec![]; 5];
+    for (i, client) in clients.into_iter().enumerate() {
+        let output = client.wait_with_output().unwrap();
+        assert_ok(&output, &daemon);
+        paths[i % 5].push(stdout(&output));
+    }
+    for (i, paths) in paths.iter().enumerate() {
+        assert!(paths.iter().all(|p| *p == paths[0]), "one path per dataset");
+        assert!(Path::new(&paths[0]).join(".hydrator/READY").exists());
+        assert_mirror(Path::new(&paths[0]), &expected[i]);
+    }
+    if server.faults.object_bytes.load(Relaxed) > 0 || before > 0 {
+        let fetched = server.faults.object_bytes.load(Relaxed) - before;
+        let all: u64 = expected.iter().map(total).sum();
+        assert_eq!(fetched, all, "each object fetched once");
+    }
+    let complete = daemon.metric("hydrator_hydrations_total{result=\"complete\"}");
+    assert_eq!(complete, 5.0, "one hydration per dataset");
+    assert_eq!(daemon.metric("hydrator_datasets{state=\"ready\"}"), 5.0);
+}
+
+on_both_servers!(
+    fifty_warm_clients_share_one_hydration_per_dataset,
+    check_fifty_clients,
+    "fifty/"
+);
+
+#[test]
+fn eviction_under_a_small_quota_spares_leased_snapshots() {
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["a", "b", "c"] {
+        let files = files(&[("data.bin", content(name.as_bytes()[0] as u64, MIB))]);
+        server.seed(&format!("{name}/"), &files);
+    }
+    let specs = [dataset("a", "a/"), dataset("b", "b/"), dataset("c", "c/")];
+    let text = catalog(dir.path(), &server.target, "2560KiB", "", &specs);
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    let a = daemon.warm("a", &["--lease-holder", "pod-a"]);
+    assert_ok(&a, &daemon);
+    std::thread::sleep(Duration::from_millis(1100)); // distinct last-use seconds
+    let b = daemon.warm("b", &[]);
+    assert_ok(&b, &daemon);
+    std::thread::sleep(Duration::from_millis(1100));
+    let c = daemon.warm("c", &[]);
+    assert_ok(&c, &daemon);
+    assert!(Path::new(&stdout(&a)).exists(), "leased a stays");
+    assert!(
+        !Path::new(&stdout(&b)).exists(),
+        "b, unleased and least recently used, went"
+    );
+    assert_eq!(daemon.status("b")["state"], "absent");
+    assert_eq!(
+        daemon.metric("hydrator_evictions_total{reason=\"quota\"}"),
+        1.0
+    );
+
+    let (code, body) = daemon.request("DELETE", "/v1/datasets/a/leases/pod-a", "");
+    assert_eq!(code, 204, "{body}");
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_ok(&daemon.warm("b", &[]), &daemon);
+    assert!(!Path::new(&stdout(&a)).exists(), "released a went next");
+    assert!(Path::new(&stdout(&c)).exists());
+    assert!(daemon.metric("hydrator_cache_used_bytes") <= (2560 << 10) as f64);
+}
+
+#[test]
+fn expired_leases_are_released() {
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    server.seed("e/", &files(&[("x", content(7, 1000))]));
+    let text = catalog(
+        dir.path(),
+        &server.target,
+        "1GiB",
+        "",
+        &[dataset("e", "e/")],
+    );
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    assert_ok(
+        &daemon.warm("e", &["--lease-holder", "pod-1", "--lease-ttl", "1"]),
+        &daemon,
+    );
+    assert_eq!(daemon.metric("hydrator_leases"), 1.0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while daemon.metric("hydrator_leases") > 0.0 {
+        assert!(Instant::now() < deadline, "the lease never expired");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn a_dataset_too_big_for_the_quota_fails_naming_the_numbers() {
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    server.seed("big/", &files(&[("big.bin", content(1, 2 * MIB))]));
+    let text = catalog(
+        dir.path(),
+        &server.target,
+        "1MiB",
+        "",
+        &[dataset("big", "big/")],
+    );
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    let output = daemon.warm("big", &[]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    for needle in [
+        "not enough space",
+        "2.0 MiB of new data needed",
+        "quota 1.0 MiB",
+    ] {
+        assert!(stderr.contains(needle), "{needle} in {stderr}");
+    }
+    assert!(stdout(&output).is_empty(), "no path printed");
+    assert_eq!(daemon.status("big")["state"], "failed");
+    assert_eq!(
+        server.faults.object_bytes.load(Relaxed),
+        0,
+        "nothing fetched"
+    );
+}
+
+fn check_new_snapshot(server: &Server, prefix: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let old = files(&[
+        ("same.bin", content(1, 200 << 10)),
+        ("nested/same.txt", content(2, 3000)),
+        ("changes.bin", content(3, 100 << 10)),
+    ]);
+    server.seed(prefix, &old);
+    let text = catalog(
+        dir.path(),
+        &server.target,
+        "1GiB",
+        "",
+        &[dataset("ds", prefix)],
+    );
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    let first = daemon.warm("ds", &["--lease-holder", "reader"]);
+    assert_ok(&first, &daemon);
+    let old_path = PathBuf::from(stdout(&first));
+    let reader = std::fs::File::open(old_path.join("changes.bin")).unwrap();
+
+    let mut new = old.clone();
+    new.insert("changes.bin".into(), content(4, 120 << 10));
+    new.insert("added.bin".into(), content(5, 10 << 10));
+    server.seed(prefix, &new);
+    let before = server.faults.object_bytes.load(Relaxed);
+    let second = daemon.warm("ds", &[]);
+    assert_ok(&second, &daemon);
+    let new_path = PathBuf::from(stdout(&second));
+    assert_ne!(new_path, old_path, "a new snapshot gets a new directory");
+    assert_mirror(&old_path, &old);
+    assert_mirror(&new_path, &new);
+    let mut read_back = Vec::new();
+    std::io::Read::read_to_end(&mut &reader, &mut read_back).unwrap();
+    assert!(
+        read_back == old["changes.bin"],
+        "the open file kept its bytes"
+    );
+    for unchanged in ["same.bin", "nested/same.txt"] {
+        let (a, b) = (
+            std::fs::metadata(old_path.join(unchanged)).unwrap(),
+            std::fs::metadata(new_path.join(unchanged)).unwrap(),
+        );
+        assert_eq!(a.ino(), b.ino(), "{unchanged} is hard-linked");
+    }
+    if server.faults.object_bytes.load(Relaxed) > 0 {
+        let fetched = server.faults.object_bytes.load(Relaxed) - before;
+        assert_eq!(
+            fetched,
+            (130 << 10) as u64,
+            "only the changed and added objects"
+        );
+    }
+    let (code, body) = daemon.request("GET", "/v1/leases", "");
+    assert_eq!(code, 200);
+    assert!(
+        body.contains(old_path.file_name().unwrap().to_str().unwrap()),
+        "{body}"
+    );
+}
+
+on_both_servers!(
+    a_new_snapshot_leaves_the_old_one_alone_and_links_unchanged_files,
+    check_new_snapshot,
+    "snap/"
+);
+
+#[test]
+fn a_daemon_killed_mid_hydration_resumes_on_restart() {
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    let size = 24 * MIB;
+    let data = files(&[("big.bin", content(9, size))]);
+    server.seed("k/", &data);
+    // The second part stalls, long past the kill.
+    server
+        .faults
+        .add(Rule::get("big.bin", Fault::StallBody(MIB, Duration::from_secs(60))).skip(1));
+    let text = catalog(
+        dir.path(),
+        &server.target,
+        "1GiB",
+        "",
+        &[dataset("k", "k/")],
+    );
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    let (code, _) = daemon.request("POST", "/v1/datasets/k/warm", "");
+    assert_eq!(code, 202);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = daemon.status("k");
+        let done = status["progress"]["bytes_done"].as_u64().unwrap_or(0);
+        if done >= 8 * MIB as u64 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no progress: {status}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(400)); // a checkpoint records the durable parts
+    drop(daemon); // SIGKILL
+    let fetched_first = server.faults.object_bytes.load(Relaxed);
+
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    assert!(
+        daemon.log().contains("resuming the hydration"),
+        "{}",
+        daemon.log()
+    );
+    let output = daemon.warm("k", &[]);
+    assert_ok(&output, &daemon);
+    assert_mirror(Path::new(&stdout(&output)), &data);
+    let fetched_again = server.faults.object_bytes.load(Relaxed) - fetched_first;
+    assert!(
+        fetched_again <= (size - 8 * MIB) as u64,
+        "durable parts are not fetched again: {fetched_again} bytes after the restart"
+    );
+}
+
+#[test]
+fn sigterm_stops_promptly_and_leases_survive_a_restart() {
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    server.seed("t/", &files(&[("x", content(3, 5000))]));
+    let text = catalog(
+        dir.path(),
+        &server.target,
+        "1GiB",
+        "",
+        &[dataset("t", "t/")],
+    );
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    assert_ok(&daemon.warm("t", &["--lease-holder", "pod-t"]), &daemon);
+    let socket = daemon.socket.clone();
+    let (status, took) = daemon.terminate();
+    assert!(status.success(), "{status}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    assert!(!socket.exists(), "the socket is removed");
+
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    let (_, body) = daemon.request("GET", "/v1/leases", "");
+    assert!(body.contains("pod-t"), "{body}");
+    assert_eq!(daemon.status("t")["state"], "ready");
+}
+
+#[test]
+fn unknown_names_bad_tokens_and_malformed_bodies_are_refused() {
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    server.seed("u/", &files(&[("x", content(3, 100))]));
+    let text = catalog(
+        dir.path(),
+        &server.target,
+        "1GiB",
+        "",
+        &[dataset("u", "u/")],
+    );
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+
+    let output = daemon.warm("nope", &[]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("no dataset \"nope\" in the catalog"));
+    let (code, _) = daemon.request("GET", "/v1/datasets/nope", "");
+    assert_eq!(code, 404);
+
+    let (code, body) = daemon.tcp_request("GET", "/v1/datasets", "", "wrong-token-0123456789");
+    assert_eq!(code, 401, "{body}");
+    assert!(body.contains("bearer token"));
+    let (code, body) = daemon.tcp_request("GET", "/v1/datasets", "", TOKEN);
+    assert_eq!(code, 200, "{body}");
+    let (code, _) = daemon.tcp_request("GET", "/healthz", "", "");
+    assert_eq!(code, 200, "probes need no token");
+
+    for (method, path, body) in [
+        ("POST", "/v1/datasets/u/warm", "{"),
+        ("POST", "/v1/datasets/u/warm", "{\"wait\": \"yes\"}"),
+        ("POST", "/v1/datasets/u/warm", "{\"surprise\": 1}"),
+        ("PUT", "/v1/datasets/u/leases/pod", "{\"ttl_seconds\": -1}"),
+    ] {
+        let (code, answer) = daemon.request(method, path, body);
+        assert_eq!(code, 400, "{method} {path} {body}: {answer}");
+        assert!(answer.contains("malformed request body"), "{answer}");
+    }
+    let (code, body) = daemon.request("PUT", "/v1/datasets/u/leases/pod", "");
+    assert_eq!(code, 409, "not ready yet: {body}");
+    assert_eq!(server.faults.object_bytes.load(Relaxed), 0);
+}
+
+#[test]
+fn a_catalog_with_errors_is_refused_with_every_problem() {
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("catalog.toml"),
+        "[cache]\nroot = \"relative\"\nquota = \"lots\"\n[listen]\n[datasets.\"a/b\"]\nsource = \"s3://x\"\n",
+    )
+    .unwrap();
+    let output = daemon_command(&server.target, dir.path()).output().unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    for needle in [
+        "catalog.toml",
+        "cache.root",
+        "cache.quota",
+        "give a socket, a tcp address or both",
+        "dataset \"a/b\": names are",
+        "invalid source URL",
+    ] {
+        assert!(stderr.contains(needle), "{needle} in {stderr}");
+    }
+}
+
+#[test]
+fn sighup_reloads_the_catalog_and_a_bad_one_is_refused() {
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    server.seed("one/", &files(&[("x", content(1, 100))]));
+    server.seed("two/", &files(&[("y", content(2, 100))]));
+    let text = catalog(
+        dir.path(),
+        &server.target,
+        "1GiB",
+        "",
+        &[dataset("one", "one/")],
+    );
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    assert_eq!(daemon.warm("two", &[]).status.code(), Some(2));
+
+    std::fs::write(dir.path().join("catalog.toml"), "[cache\n").unwrap();
+    daemon.signal(libc::SIGHUP);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_ok(&daemon.warm("one", &[]), &daemon);
+
+    let two = [dataset("one", "one/"), dataset("two", "two/")];
+    let text = catalog(dir.path(), &server.target, "1GiB", "", &two);
+    std::fs::write(dir.path().join("catalog.toml"), text).unwrap();
+    daemon.signal(libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !daemon.log().contains("catalog reloaded") {
+        assert!(Instant::now() < deadline, "{}", daemon.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(daemon.log().contains("reload refused"), "{}", daemon.log());
+    assert_ok(&daemon.warm("two", &[]), &daemon);
+}
+
+#[test]
+fn warm_falls_back_to_a_direct_sync_when_no_daemon_answers() {
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    let data = files(&[("a", content(1, 1000)), ("b/c", content(2, 2000))]);
+    server.seed("f/", &data);
+    let dest = dir.path().join("dest");
+    let socket = format!("unix://{}", dir.path().join("none.sock").display());
+    let url = format!("s3://{}/f/", server.target.bucket);
+    let mut command = crate::support::hydrator_command(&server.target);
+    command
+        .args([
+            "warm",
+            "f",
+            "--wait",
+            "--daemon",
+            &socket,
+            "--progress",
+            "none",
+        ])
+        .args(["--endpoint-url", &server.target.endpoint])
+        .arg("--fallback")
+        .arg(&url)
+        .arg(&dest);
+    let output = command.output().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(
+        stdout(&output).lines().last().unwrap(),
+        dest.to_str().unwrap()
+    );
+    assert_mirror(&dest, &data);
+
+    let output = crate::support::hydrator_command(&server.target)
+        .args(["warm", "f", "--wait", "--daemon", &socket])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("no daemon answers"));
+}
