@@ -15,7 +15,6 @@ use crate::error::UsageError;
 
 const DEFAULT_SOCKET_MODE: u32 = 0o660;
 const DEFAULT_PARALLEL_HYDRATIONS: usize = 2;
-const DEFAULT_CONCURRENCY: usize = crate::config::AUTO_MAX_CONCURRENCY;
 const DEFAULT_LEASE_TTL: u64 = 3600;
 const DEFAULT_REFRESH: u64 = 60;
 const DEFAULT_MAINTENANCE_INTERVAL: u64 = 30;
@@ -87,7 +86,7 @@ pub struct Cache {
     pub free_space_floor: u64,
     /// Hydrations that run side by side.
     pub parallel_hydrations: usize,
-    /// Requests in flight across all hydrations.
+    /// Requests in flight across all hydrations (default: auto).
     pub concurrency: config::Concurrency,
     pub default_lease_ttl: Duration,
     /// How often leases expire and the quota is enforced.
@@ -200,7 +199,7 @@ fn cache(raw: RawCache, problems: &mut Vec<String>) -> Cache {
         problems.push("cache.parallel_hydrations must be at least 1".into());
     }
     let concurrency = match raw.concurrency.as_deref() {
-        None => config::Concurrency::Fixed(DEFAULT_CONCURRENCY),
+        None => config::Concurrency::Auto,
         Some(text) => match config::parse_concurrency(text) {
             Ok(config::Concurrency::Fixed(n)) if !(1..=config::MAX_CONCURRENCY).contains(&n) => {
                 problems.push(format!(

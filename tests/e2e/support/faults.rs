@@ -165,8 +165,7 @@ impl FaultyS3 {
             .trim_start_matches('/')
             .split_once('/')
             .is_some_and(|(_, key)| !key.is_empty());
-        let counter = (method == "GET" && is_object)
-            .then(|| self.faults.object_bytes.clone());
+        let counter = (method == "GET" && is_object).then(|| self.faults.object_bytes.clone());
         let ranged = req.headers().contains_key("range");
         let if_match = req
             .headers()
