@@ -118,14 +118,19 @@ impl Daemon {
             }
         };
         let old = self.catalog();
-        if new.listen != old.listen || new.cache.root != old.cache.root {
-            tracing::warn!("listener and cache root changes take effect at the next restart");
+        let moved = new.listen.socket != old.listen.socket
+            || new.listen.socket_mode != old.listen.socket_mode
+            || new.listen.tcp != old.listen.tcp
+            || new.cache.root != old.cache.root;
+        if moved {
+            tracing::warn!("listener and cache root changes take effect at the next restart (the token and everything else apply now)");
         }
         if new.cache.parallel_hydrations != old.cache.parallel_hydrations {
             tracing::warn!("cache.parallel_hydrations takes effect at the next restart");
         }
         let mut new = new;
         new.listen.socket.clone_from(&old.listen.socket);
+        new.listen.socket_mode = old.listen.socket_mode;
         new.listen.tcp = old.listen.tcp;
         new.cache.root.clone_from(&old.cache.root);
         *self.catalog.write().expect("catalog lock") = Arc::new(new);

@@ -151,7 +151,7 @@ async fn warm(State(daemon): Shared, Path(name): Path<String>, bytes: Bytes) -> 
     };
     if request.wait {
         // A closed channel means the flight's task is gone: its end is in the status.
-        let _ = done.wait_for(Option::is_some).await;
+        let _ = done.wait_for(|ended| *ended).await;
     }
     let status = daemon.registry().status(&daemon.root, &name);
     let code = match (status.state, request.wait) {

@@ -11,7 +11,7 @@ use super::catalog::Dataset;
 use super::link;
 use super::metrics::Metrics;
 use super::protocol::DatasetStatus;
-use super::registry::{self, Flight, FlightEnd, ReadySnapshot};
+use super::registry::{self, Flight, ReadySnapshot};
 use super::Daemon;
 use crate::engine::{self, stats::Stats, Hooks};
 use crate::error::Exit;
@@ -21,8 +21,8 @@ use crate::source::client;
 /// What a warm request gets.
 pub enum Warm {
     Ready(DatasetStatus),
-    /// Resolves when the hydration ends.
-    Hydrating(tokio::sync::watch::Receiver<Option<FlightEnd>>),
+    /// Turns true when the hydration ends.
+    Hydrating(tokio::sync::watch::Receiver<bool>),
 }
 
 /// Answers a warm request for the catalog dataset `name`.
@@ -58,7 +58,7 @@ pub fn start(
     name: &str,
     dataset: Dataset,
     resume: Option<Arc<Snapshot>>,
-) -> tokio::sync::watch::Receiver<Option<FlightEnd>> {
+) -> tokio::sync::watch::Receiver<bool> {
     let entry = registry.datasets.entry(name.to_string()).or_default();
     let flight = Flight::new();
     flight.info().link_source = entry.current.clone();
@@ -80,7 +80,7 @@ fn finish(daemon: &Daemon, name: &str, flight: &Flight, result: Result<Done, Str
         &daemon.metrics.bytes_fetched,
         Stats::get(&flight.stats.bytes_received),
     );
-    let end = {
+    {
         let mut registry = daemon.registry();
         let entry = registry.datasets.entry(name.to_string()).or_default();
         entry.flight = None;
@@ -91,23 +91,20 @@ fn finish(daemon: &Daemon, name: &str, flight: &Flight, result: Result<Done, Str
                 entry.checked_at = Some(std::time::Instant::now());
                 tracing::info!(dataset = name, "ready in {seconds:.1} s");
                 daemon.metrics.hydration_finished("complete", seconds);
-                FlightEnd::Ready
             }
             Err(reason) => {
                 tracing::error!(dataset = name, "hydration failed: {reason}");
-                entry.failure = Some(reason.clone());
-                let result = if *daemon.stop.borrow() {
-                    "stopped"
-                } else {
-                    "failed"
+                entry.failure = Some(reason);
+                let result = match *daemon.stop.borrow() {
+                    true => "stopped",
+                    false => "failed",
                 };
                 daemon.metrics.hydration_finished(result, seconds);
-                FlightEnd::Failed(reason)
             }
         }
-    };
+    }
     daemon.save_state();
-    flight.done.send_replace(Some(end));
+    flight.done.send_replace(true);
 }
 
 struct Done {

@@ -37,13 +37,6 @@ pub struct ReadySnapshot {
     pub last_used: u64,
 }
 
-/// How a hydration ended.
-#[derive(Clone, Debug)]
-pub enum FlightEnd {
-    Ready,
-    Failed(String),
-}
-
 /// What a running hydration has found out so far.
 #[derive(Clone, Debug, Default)]
 pub struct FlightInfo {
@@ -62,7 +55,8 @@ pub struct Flight {
     pub stats: Arc<Stats>,
     pub started: Instant,
     pub info: Mutex<FlightInfo>,
-    pub done: watch::Sender<Option<FlightEnd>>,
+    /// Set when it has ended; its outcome is then in the dataset's status.
+    pub done: watch::Sender<bool>,
 }
 
 impl Flight {
@@ -74,7 +68,7 @@ impl Flight {
                 phase: "queued",
                 ..Default::default()
             }),
-            done: watch::channel(None).0,
+            done: watch::channel(false).0,
         })
     }
 
