@@ -52,6 +52,8 @@ pub struct Daemon {
     hydrations: Semaphore,
     /// Serialises reservations and evictions.
     space: tokio::sync::Mutex<()>,
+    /// Serialises writes of `state.json` (they share one temporary file).
+    saving: Mutex<()>,
     pub metrics: metrics::Metrics,
     /// Set once on SIGTERM/SIGINT: hydrations stop, requests are refused.
     pub stop: watch::Sender<bool>,
@@ -69,6 +71,7 @@ impl Daemon {
 
     /// Writes leases and last-use times; a failure is logged (the next change writes again).
     pub fn save_state(&self) {
+        let _saving = self.saving.lock().expect("save lock");
         let persisted = self.registry().persisted();
         if let Err(err) = registry::save(&self.root, &persisted) {
             tracing::error!("saving the daemon state: {err}");
@@ -169,6 +172,7 @@ pub async fn run(catalog_path: &Path) -> Result<Exit, SyncError> {
         registry: Mutex::new(registry),
         budget,
         space: Default::default(),
+        saving: Default::default(),
         metrics: Default::default(),
         stop: watch::channel(false).0,
         io_backend,

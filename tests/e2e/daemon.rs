@@ -87,6 +87,7 @@ fn check_fifty_clients(server: &Server, prefix: &str) {
     let complete = daemon.metric("hydrator_hydrations_total{result=\"complete\"}");
     assert_eq!(complete, 5.0, "one hydration per dataset");
     assert_eq!(daemon.metric("hydrator_datasets{state=\"ready\"}"), 5.0);
+    assert!(!daemon.log().contains("ERROR"), "{}", daemon.log());
 }
 
 on_both_servers!(
