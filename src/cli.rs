@@ -53,6 +53,7 @@ pub enum Command {
     /// Ask the node daemon for a dataset; print its ready directory (exit 0 only when ready).
     Warm(WarmArgs),
     /// Start an S3 server in-process, seed it with a generated dataset and sync it.
+    #[cfg(feature = "demo")]
     Demo(DemoArgs),
 }
 
@@ -89,6 +90,9 @@ pub struct WarmArgs {
     /// Lease length in seconds (default: the daemon's).
     #[arg(long, env = "HYDRATOR_LEASE_TTL")]
     pub lease_ttl: Option<u64>,
+    /// Also write the ready directory into this file (for a trainer in another container).
+    #[arg(long, env = "HYDRATOR_PATH_FILE")]
+    pub path_file: Option<PathBuf>,
     /// When no daemon answers, sync SOURCE into DEST directly (then DEST is printed).
     #[arg(long, num_args = 2, value_names = ["SOURCE", "DEST"], env = "HYDRATOR_FALLBACK", value_delimiter = ' ')]
     pub fallback: Vec<String>,
@@ -188,6 +192,7 @@ pub struct SnapshotArgs {
     pub connection: ConnectionOptions,
 }
 
+#[cfg(feature = "demo")]
 #[derive(Debug, Args)]
 pub struct DemoArgs {
     /// Directory for the server's data and the mirror (default: a temporary directory, removed

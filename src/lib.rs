@@ -11,6 +11,7 @@ pub mod cli;
 pub mod commands;
 pub mod config;
 pub mod daemon;
+#[cfg(feature = "demo")]
 pub mod demo;
 pub mod engine;
 pub mod error;

@@ -25,6 +25,7 @@ fn main() -> ExitCode {
             Command::Sync(args) => hydrator::engine::run(args.into_config()?)
                 .await
                 .map(print_outcome),
+            #[cfg(feature = "demo")]
             Command::Demo(args) => hydrator::demo::run(args).await.map(print_outcome),
             Command::Verify(args) => hydrator::commands::verify(args).await,
             Command::Snapshot(args) => hydrator::commands::snapshot(args).await,

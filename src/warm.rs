@@ -159,7 +159,7 @@ pub async fn run(args: WarmArgs) -> Result<Exit, SyncError> {
                 let outcome = crate::engine::run(config).await?;
                 let exit = crate::commands::print_outcome(outcome);
                 if exit == Exit::Success {
-                    println!("{}", dest.display());
+                    announce(&dest.display().to_string(), args.path_file.as_deref())?;
                 }
                 Ok(exit)
             }
@@ -185,6 +185,18 @@ fn fallback_config(args: &WarmArgs) -> Result<Option<SyncConfig>, UsageError> {
         .apply(SyncConfig::new(S3Url::parse(source)?, PathBuf::from(dest)));
     config.validate()?;
     Ok(Some(config))
+}
+
+/// Prints the ready directory, and writes it (atomically) into `path_file` if given.
+fn announce(path: &str, path_file: Option<&std::path::Path>) -> Result<(), SyncError> {
+    println!("{path}");
+    let Some(file) = path_file else {
+        return Ok(());
+    };
+    let tmp = file.with_extension("tmp");
+    std::fs::write(&tmp, format!("{path}\n"))
+        .and_then(|()| std::fs::rename(&tmp, file))
+        .map_err(|e| SyncError::Local(format!("--path-file {}: {e}", file.display())))
 }
 
 /// Asks, waits, leases, prints. `Err` only when the daemon could not be talked to.
@@ -254,8 +266,7 @@ async fn warm(client: &Client, args: &WarmArgs) -> Result<Result<Exit, SyncError
             status.objects.unwrap_or_default(),
             human_bytes(status.bytes.unwrap_or_default())
         );
-        println!("{path}");
-        return Ok(Ok(Exit::Success));
+        return Ok(announce(&path, args.path_file.as_deref()).map(|()| Exit::Success));
     }
 }
 

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # The test suite: unit tests, then the end-to-end suite against the in-process S3 server and a
-# real Garage (installed on first use; that takes ~11 minutes on 2 cores).
+# real Garage (installed on first use; that takes ~11 minutes on 2 cores), the container image
+# under Podman (installed from Debian when missing), and the Kubernetes manifests rendered and
+# validated against the Kubernetes schemas.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tests/install-garage.sh
-export HYDRATOR_REQUIRE_GARAGE=1
+bash tests/install-podman.sh
+export HYDRATOR_REQUIRE_GARAGE=1 HYDRATOR_REQUIRE_PODMAN=1
 cargo test --locked --all-targets
+bash k8s/validate.sh

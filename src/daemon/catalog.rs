@@ -454,6 +454,18 @@ mod tests {
     }
 
     #[test]
+    fn the_catalog_shipped_in_k8s_is_valid() {
+        let token = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(token.path(), "a-token-of-24-characters").unwrap();
+        let text = include_str!("../../k8s/node-cache/catalog.toml")
+            .replace("/etc/hydrator/token/token", token.path().to_str().unwrap());
+        let env = |name: &str| name.starts_with("MINIO_").then(|| "x".to_string());
+        let catalog = parse(&text, env).unwrap();
+        assert_eq!(catalog.cache.root, Path::new("/var/cache/hydrator"));
+        assert!(catalog.datasets["imagenet"].prewarm);
+    }
+
+    #[test]
     fn unknown_keys_and_bad_toml_are_errors() {
         let typo = GOOD.replace("prewarm", "prewram");
         assert!(parse(&typo, env).unwrap_err()[0].contains("prewram"));

@@ -107,8 +107,21 @@ fn eviction_under_a_small_quota_spares_leased_snapshots() {
     let specs = [dataset("a", "a/"), dataset("b", "b/"), dataset("c", "c/")];
     let text = catalog(dir.path(), &server.target, "2560KiB", "", &specs);
     let daemon = Daemon::start(dir.path(), &server.target, &text);
-    let a = daemon.warm("a", &["--lease-holder", "pod-a"]);
+    let path_file = dir.path().join("a.path");
+    let a = daemon.warm(
+        "a",
+        &[
+            "--lease-holder",
+            "pod-a",
+            "--path-file",
+            path_file.to_str().unwrap(),
+        ],
+    );
     assert_ok(&a, &daemon);
+    assert_eq!(
+        std::fs::read_to_string(&path_file).unwrap().trim(),
+        stdout(&a)
+    );
     std::thread::sleep(Duration::from_millis(1100)); // distinct last-use seconds
     let b = daemon.warm("b", &[]);
     assert_ok(&b, &daemon);

@@ -3,6 +3,7 @@
 
 #[macro_use]
 mod support;
+mod container;
 mod daemon;
 mod dataset;
 mod sync;
