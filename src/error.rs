@@ -11,6 +11,8 @@ pub enum Exit {
     Failed = 1,
     /// Usage, configuration, credentials, a missing bucket: retrying will not help.
     Usage = 2,
+    /// Stopped by SIGTERM or SIGINT before the end; a re-run resumes.
+    Stopped = 3,
 }
 
 impl From<Exit> for ExitCode {
@@ -49,7 +51,8 @@ impl SyncError {
     pub fn exit(&self) -> Exit {
         match self {
             SyncError::Usage(_) => Exit::Usage,
-            SyncError::Listing(_) | SyncError::Local(_) | SyncError::Stopped => Exit::Failed,
+            SyncError::Listing(_) | SyncError::Local(_) => Exit::Failed,
+            SyncError::Stopped => Exit::Stopped,
         }
     }
 }

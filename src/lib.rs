@@ -19,6 +19,7 @@ pub mod hash;
 pub mod manifest;
 pub mod plan;
 pub mod report;
+pub mod signals;
 pub mod snapshot;
 pub mod source;
 pub mod verify;

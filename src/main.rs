@@ -22,9 +22,15 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Sync(args) => hydrator::engine::run(args.into_config()?)
-                .await
-                .map(print_outcome),
+            Command::Sync(args) => {
+                let hooks = hydrator::engine::Hooks {
+                    stop: Some(hydrator::signals::stop_on_signals()),
+                    ..Default::default()
+                };
+                hydrator::engine::run_with(args.into_config()?, hooks)
+                    .await
+                    .map(print_outcome)
+            }
             #[cfg(feature = "demo")]
             Command::Demo(args) => hydrator::demo::run(args).await.map(print_outcome),
             Command::Verify(args) => hydrator::commands::verify(args).await,

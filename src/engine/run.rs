@@ -109,7 +109,11 @@ pub async fn run_with(cfg: SyncConfig, hooks: Hooks) -> Result<Outcome, SyncErro
             cfg.dest.display()
         ))
     })?;
-    let _lock = lock::acquire(&state_dir, cfg.lock_timeout).await?;
+    let mut stop = hooks.stop;
+    let _lock = tokio::select! {
+        lock = lock::acquire(&state_dir, cfg.lock_timeout) => lock?,
+        () = stopped(&mut stop) => return Err(SyncError::Stopped),
+    };
     if let Some(outcome) = snapshot_already_there(&cfg, &state_dir, started) {
         return Ok(outcome);
     }
@@ -172,7 +176,6 @@ pub async fn run_with(cfg: SyncConfig, hooks: Hooks) -> Result<Outcome, SyncErro
         Some(snapshot) => snapshot::spawn_entries(snapshot.clone()),
         None => list::spawn(ctx.client.clone(), cfg.source.clone()),
     };
-    let mut stop = hooks.stop;
     let mut tasks = JoinSet::new();
     loop {
         let item = tokio::select! {

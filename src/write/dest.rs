@@ -12,6 +12,7 @@ use std::time::SystemTime;
 
 use super::buffer::DIRECT_IO_ALIGN;
 use crate::plan::keys::{RelPath, STATE_DIR};
+use crate::report::human_bytes;
 
 const DIR_MODE: libc::mode_t = 0o755;
 const FILE_MODE: libc::mode_t = 0o644;
@@ -251,8 +252,25 @@ pub fn preallocate(file: &File, len: u64) -> io::Result<()> {
     let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len as libc::off_t) };
     match check(rc) {
         Err(err) if err.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(()),
+        Err(err) if err.raw_os_error() == Some(libc::ENOSPC) => Err(io::Error::new(
+            io::ErrorKind::StorageFull,
+            format!(
+                "the destination's filesystem is full: {} needed, {} free",
+                human_bytes(len),
+                free_bytes(file).map_or_else(|e| format!("? ({e})"), human_bytes)
+            ),
+        )),
         other => other,
     }
+}
+
+/// Bytes an unprivileged writer can still use on `file`'s filesystem.
+fn free_bytes(file: &File) -> io::Result<u64> {
+    // SAFETY: an all-zero statvfs is a valid value for fstatvfs to overwrite.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd and a writable statvfs.
+    check(unsafe { libc::fstatvfs(file.as_raw_fd(), &mut st) })?;
+    Ok(st.f_bavail * st.f_frsize)
 }
 
 /// Renames `.NAME.partial` to NAME inside `dir`. A directory at NAME is a key conflict.

@@ -7,3 +7,4 @@ mod container;
 mod daemon;
 mod dataset;
 mod sync;
+mod torture;

@@ -1,0 +1,173 @@
+//! When everything around hydrator misbehaves, each run ends in one of two states: a complete,
+//! verified mirror with READY, or a non-zero exit with a clear message, no READY, nothing
+//! corrupt under a final name, and a re-run that completes once the cause is gone.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::support::faults::{Fault, Rule};
+use crate::support::{assert_mirror, content, files, hydrator_command, temp_dest, Server, MIB};
+
+/// `hydrator sync` of `prefix` into `dest` against `server`, with a report, not yet waited for.
+fn spawn_sync(server: &Server, prefix: &str, dest: &Path, report: &Path) -> std::process::Child {
+    hydrator_command(&server.target)
+        .arg("sync")
+        .arg(format!("s3://{}/{prefix}", server.target.bucket))
+        .arg(dest)
+        .args([
+            "--endpoint-url",
+            &server.target.endpoint,
+            "--progress",
+            "none",
+        ])
+        .arg("--report")
+        .arg(report)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn wait_for_file(path: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !path.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn check_signal_stops_and_resumes(signal: i32) {
+    let server = Server::local();
+    let expected = files(&[
+        ("big.bin", content(71, 24 * MIB)),
+        ("small.txt", content(72, 100)),
+    ]);
+    server.seed("sig/", &expected);
+    // Part 1 of big.bin stalls for a minute: the run is busy when the signal comes.
+    server
+        .faults
+        .add(Rule::get("big.bin", Fault::StallBody(MIB, Duration::from_secs(60))).skip(1));
+    let (_dir, dest) = temp_dest();
+    let report = dest.with_extension("json");
+    let child = spawn_sync(&server, "sig/", &dest, &report);
+    wait_for_file(&dest.join(".big.bin.partial"));
+    std::thread::sleep(Duration::from_millis(500)); // parts 0 and 2 arrive meanwhile
+    let signalled = Instant::now();
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(child.id() as i32, signal) };
+    let output = child.wait_with_output().unwrap();
+    let took = signalled.elapsed();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(3), "{stderr}");
+    assert!(took < Duration::from_secs(5), "stopped after {took:?}");
+    assert!(stderr.contains("stopped before the end"), "{stderr}");
+    assert!(!dest.join(".hydrator/READY").exists());
+    assert!(
+        !dest.join("big.bin").exists(),
+        "nothing partial under a final name"
+    );
+
+    let rerun = server.sync("sig/", &dest, &[]);
+    rerun.assert_code(0);
+    assert_mirror(&dest, &expected);
+    assert!(
+        rerun.count("bytes", "resumed") >= 8 * MIB as u64,
+        "the durable parts are kept: {}",
+        rerun.report()["bytes"]
+    );
+}
+
+#[test]
+fn sigterm_stops_a_sync_with_exit_3_and_the_next_run_resumes() {
+    check_signal_stops_and_resumes(libc::SIGTERM);
+}
+
+#[test]
+fn sigint_stops_a_sync_with_exit_3_and_the_next_run_resumes() {
+    check_signal_stops_and_resumes(libc::SIGINT);
+}
+
+/// A size-limited tmpfs mounted for the test, unmounted when dropped.
+struct SmallFilesystem {
+    path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl SmallFilesystem {
+    /// `None` where mounting is not permitted (not root), unless the suite runs as root.
+    fn mount(size: &str) -> Option<Self> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fs");
+        std::fs::create_dir(&path).unwrap();
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&path)
+            .status()
+            .is_ok_and(|s| s.success());
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        assert!(mounted || !root, "mounting a tmpfs as root failed");
+        if !mounted {
+            eprintln!("cannot mount a tmpfs (not root): skipping");
+            return None;
+        }
+        Some(Self { path, _dir: dir })
+    }
+
+    fn resize(&self, size: &str) {
+        let status = Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(&self.path)
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+impl Drop for SmallFilesystem {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+    }
+}
+
+#[test]
+fn a_full_disk_fails_clearly_and_the_run_resumes_once_space_is_freed() {
+    let Some(fs) = SmallFilesystem::mount("6m") else {
+        return;
+    };
+    let server = Server::local();
+    let expected = files(&[
+        ("a.bin", content(81, 3 * MIB)),
+        ("b.bin", content(82, 3 * MIB)),
+        ("c.bin", content(83, 3 * MIB)),
+    ]);
+    server.seed("full/", &expected);
+    let dest = fs.path.join("dest");
+    let run = server.sync("full/", &dest, &[]);
+    run.assert_code(1);
+    let stderr = run.stderr();
+    assert!(
+        stderr.contains("the destination's filesystem is full: 3.0 MiB needed"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("free"), "{stderr}");
+    assert!(!dest.join(".hydrator/READY").exists());
+    for (name, data) in &expected {
+        if let Ok(on_disk) = std::fs::read(dest.join(name)) {
+            assert!(on_disk == *data, "{name} is whole or absent");
+        }
+    }
+    let done_before = run.count("objects", "downloaded");
+    assert!(done_before >= 1, "what fits is kept");
+
+    fs.resize("32m");
+    let rerun = server.sync("full/", &dest, &[]);
+    rerun.assert_code(0);
+    assert_mirror(&dest, &expected);
+    assert_eq!(rerun.count("objects", "skipped"), done_before);
+}
