@@ -12,6 +12,7 @@
 
 pub mod adaptive;
 mod checkpoint;
+mod limits;
 mod object;
 mod part;
 pub mod progress;

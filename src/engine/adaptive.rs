@@ -34,7 +34,7 @@ const HOLD: u32 = 8;
 
 /// Objects in progress per request slot: enough to keep every slot busy with small objects
 /// while finished files wait for their durable commit.
-const OBJECTS_PER_SLOT: usize = 4;
+pub const OBJECTS_PER_SLOT: usize = 4;
 
 /// A semaphore whose size can go down while permits are out: those retire as they come back.
 struct Adjustable {
@@ -115,6 +115,8 @@ pub struct RequestSlots {
     /// 64, and not slower).
     objects: Arc<Adjustable>,
     max: usize,
+    /// Objects in flight never exceed this, whatever the limit (open-file limits).
+    max_objects: usize,
     peak: AtomicUsize,
     /// Request acquires that found no free slot since the controller last looked.
     waited: AtomicU64,
@@ -125,13 +127,15 @@ pub struct RequestSlots {
 }
 
 impl RequestSlots {
-    /// `initial` slots now, up to `max` if the controller finds that more pay off.
-    pub fn new(initial: usize, max: usize) -> Self {
+    /// `initial` slots now, up to `max` if the controller finds that more pay off, with at
+    /// most `max_objects` objects in flight.
+    pub fn new(initial: usize, max: usize, max_objects: usize) -> Self {
         let initial = initial.min(max);
         Self {
             requests: Adjustable::new(initial),
-            objects: Adjustable::new(initial * OBJECTS_PER_SLOT),
+            objects: Adjustable::new((initial * OBJECTS_PER_SLOT).min(max_objects)),
             max,
+            max_objects,
             peak: AtomicUsize::new(initial),
             waited: AtomicU64::new(0),
             received: AtomicU64::new(0),
@@ -176,7 +180,8 @@ impl RequestSlots {
 
     fn set_limit(&self, new: usize) {
         self.requests.resize(new);
-        self.objects.resize(new * OBJECTS_PER_SLOT);
+        self.objects
+            .resize((new * OBJECTS_PER_SLOT).min(self.max_objects));
         self.peak.fetch_max(new, Relaxed);
     }
 }
@@ -267,7 +272,7 @@ mod tests {
 
     #[test]
     fn a_raise_that_pays_off_is_kept_and_one_that_does_not_is_undone() {
-        let slots = RequestSlots::new(4, 64);
+        let slots = RequestSlots::new(4, 64, usize::MAX);
         let phase = probe(&slots, 100.0);
         assert_eq!(slots.limit(), 6);
         let phase = step(&slots, phase, 200.0, true, false);
@@ -281,7 +286,7 @@ mod tests {
 
     #[test]
     fn no_raise_without_waiting_requests_and_never_past_max() {
-        let slots = RequestSlots::new(4, 5);
+        let slots = RequestSlots::new(4, 5, usize::MAX);
         step(&slots, Phase::Ready, 100.0, false, false);
         assert_eq!(slots.limit(), 4);
         probe(&slots, 100.0);
@@ -290,7 +295,7 @@ mod tests {
 
     #[tokio::test]
     async fn throttling_cuts_the_limit_and_busy_slots_retire_on_return() {
-        let slots = RequestSlots::new(8, 64);
+        let slots = RequestSlots::new(8, 64, usize::MAX);
         let held: Vec<_> = futures::future::join_all((0..8).map(|_| slots.acquire())).await;
         step(&slots, Phase::Ready, 100.0, true, true);
         assert_eq!(slots.limit(), 6);

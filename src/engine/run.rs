@@ -9,6 +9,7 @@ use tokio::task::JoinSet;
 
 use super::adaptive::{self, RequestSlots};
 use super::checkpoint::{self, Checkpoints};
+use super::limits;
 use super::object::mirror_object;
 use super::progress::Progress;
 use super::stats::Stats;
@@ -64,7 +65,15 @@ impl Budget {
     /// The budget of `concurrency` requests in flight (and the buffers they need); with
     /// `Auto`, the adaptive controller runs until the returned handle is aborted.
     pub fn new(concurrency: Concurrency) -> (Self, Option<tokio::task::JoinHandle<()>>) {
-        let slots = Arc::new(RequestSlots::new(concurrency.initial(), concurrency.max()));
+        let in_flight = limits::in_flight(
+            concurrency.max(),
+            concurrency.max() * adaptive::OBJECTS_PER_SLOT,
+        );
+        let slots = Arc::new(RequestSlots::new(
+            concurrency.initial(),
+            in_flight.requests,
+            in_flight.objects,
+        ));
         let controller =
             (concurrency == Concurrency::Auto).then(|| adaptive::spawn_controller(slots.clone()));
         let pool = BufferPool::new(buffer_count(concurrency), WRITE_BUFFER_SIZE);

@@ -171,3 +171,73 @@ fn a_full_disk_fails_clearly_and_the_run_resumes_once_space_is_freed() {
     assert_mirror(&dest, &expected);
     assert_eq!(rerun.count("objects", "skipped"), done_before);
 }
+
+/// Uploads `count` small objects under `prefix`, many at a time.
+fn seed_many(server: &Server, prefix: &str, count: usize, size: usize) {
+    use futures::StreamExt;
+    server.runtime.block_on(async {
+        futures::stream::iter(0..count)
+            .map(|i| {
+                server
+                    .client
+                    .put_object()
+                    .bucket(&server.target.bucket)
+                    .key(format!("{prefix}d{:03}/f{i:05}", i % 500))
+                    .body(content(i as u64, size).into())
+                    .send()
+            })
+            .buffer_unordered(32)
+            .for_each(|put| async move {
+                put.unwrap();
+            })
+            .await;
+    });
+}
+
+#[test]
+fn twenty_thousand_objects_in_500_directories_under_an_open_file_limit_of_256() {
+    let server = Server::local();
+    seed_many(&server, "many/", 20_000, 100);
+    let (_dir, dest) = temp_dest();
+    let report = dest.with_extension("json");
+    let mut command = hydrator_command(&server.target);
+    command
+        .arg("sync")
+        .arg(format!("s3://{}/many/", server.target.bucket))
+        .arg(&dest)
+        .args([
+            "--endpoint-url",
+            &server.target.endpoint,
+            "--progress",
+            "none",
+        ])
+        .arg("--report")
+        .arg(&report);
+    // SAFETY: setrlimit is async-signal-safe, as pre_exec requires.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+            let limit = libc::rlimit {
+                rlim_cur: 256,
+                rlim_max: 256,
+            };
+            match libc::setrlimit(libc::RLIMIT_NOFILE, &limit) {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            }
+        });
+    }
+    let output = command.output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        &stderr[..stderr.len().min(3000)]
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(report["objects"]["downloaded"], 20_000);
+    assert!(dest.join(".hydrator/READY").exists());
+    let sample = std::fs::read(dest.join("d007/f12007")).unwrap();
+    assert!(sample == content(12_007, 100));
+}
