@@ -75,6 +75,11 @@ async fn list_into(
 ) -> Result<(), SyncError> {
     let mut token: Option<String> = None;
     let mut first_page = true;
+    // ListObjectsV2 returns keys in strictly ascending order, page after page. A server that
+    // repeats a page, loops its continuation token or goes back would otherwise make the run
+    // list forever or hand the same key to two downloads at once.
+    let mut last_key: Option<String> = None;
+    let mut tokens_seen = std::collections::HashSet::new();
     loop {
         let page = client
             .list_objects_v2()
@@ -86,8 +91,15 @@ async fn list_into(
             .map_err(|err| listing_error(&err, url, first_page))?;
         first_page = false;
         for object in page.contents() {
+            let key = object.key().unwrap_or_default();
+            if let Some(last) = last_key.as_deref().filter(|last| key <= *last) {
+                return Err(SyncError::Listing(format!(
+                    "listing {url}: the server repeated or reordered keys ({key:?} after {last:?})"
+                )));
+            }
+            last_key = Some(key.to_string());
             let entry = ObjectEntry {
-                key: object.key().unwrap_or_default().to_string(),
+                key: key.to_string(),
                 size: object.size().unwrap_or(0).max(0) as u64,
                 etag: object.e_tag().unwrap_or_default().to_string(),
                 last_modified: object
@@ -104,6 +116,11 @@ async fn list_into(
         }
         // A listing that says it continues but cannot be continued is incomplete, never done.
         match page.next_continuation_token().filter(|next| !next.is_empty()) {
+            Some(next) if !tokens_seen.insert(next.to_string()) => {
+                return Err(SyncError::Listing(format!(
+                    "listing {url}: the server sent continuation token {next:?} twice (a loop)"
+                )))
+            }
             Some(next) => token = Some(next.to_string()),
             None => {
                 return Err(SyncError::Listing(format!(

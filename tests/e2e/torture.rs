@@ -101,11 +101,15 @@ struct SmallFilesystem {
 impl SmallFilesystem {
     /// `None` where mounting is not permitted (not root), unless the suite runs as root.
     fn mount(size: &str) -> Option<Self> {
+        Self::mount_with(&format!("size={size}"))
+    }
+
+    fn mount_with(options: &str) -> Option<Self> {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("fs");
         std::fs::create_dir(&path).unwrap();
         let mounted = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .args(["-t", "tmpfs", "-o", options, "tmpfs"])
             .arg(&path)
             .status()
             .is_ok_and(|s| s.success());
@@ -240,4 +244,154 @@ fn twenty_thousand_objects_in_500_directories_under_an_open_file_limit_of_256() 
     assert!(dest.join(".hydrator/READY").exists());
     let sample = std::fs::read(dest.join("d007/f12007")).unwrap();
     assert!(sample == content(12_007, 100));
+}
+
+/// Runs `command`, killing it and failing the test if it is not done within `limit`.
+fn output_within(command: &mut Command, limit: Duration) -> (std::process::Output, Duration) {
+    let started = Instant::now();
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > limit {
+            child.kill().unwrap();
+            let output = child.wait_with_output().unwrap();
+            panic!(
+                "still running after {limit:?}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (child.wait_with_output().unwrap(), started.elapsed())
+}
+
+fn sync_command(server: &Server, prefix: &str, dest: &Path) -> Command {
+    let mut command = hydrator_command(&server.target);
+    command
+        .arg("sync")
+        .arg(format!("s3://{}/{prefix}", server.target.bucket))
+        .arg(dest)
+        .args([
+            "--endpoint-url",
+            &server.target.endpoint,
+            "--progress",
+            "none",
+        ]);
+    command
+}
+
+#[test]
+fn a_listing_that_loops_or_repeats_keys_fails_instead_of_running_forever() {
+    let server = Server::local();
+    server.seed(
+        "loop/",
+        &files(&[("a", content(1, 10)), ("b", content(2, 10))]),
+    );
+    server
+        .faults
+        .add(Rule::listing(Fault::LoopingToken).times(usize::MAX));
+    for (prefix, expected) in [
+        (
+            "loop/",
+            "repeated or reordered keys (\"loop/a\" after \"loop/b\")",
+        ),
+        ("empty/", "continuation token \"again\" twice"),
+    ] {
+        let (_dir, dest) = temp_dest();
+        let (output, _) = output_within(
+            &mut sync_command(&server, prefix, &dest),
+            Duration::from_secs(60),
+        );
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(expected), "{expected} in {stderr}");
+        assert!(!dest.join(".hydrator/READY").exists());
+    }
+}
+
+#[test]
+fn ranged_gets_answered_with_the_whole_object_or_a_wrong_range_fail_clearly() {
+    let server = Server::local();
+    let expected = files(&[
+        ("big.bin", content(91, 20 * MIB)),
+        ("small", content(92, 10)),
+    ]);
+    server.seed("range/", &expected);
+    for (fault, message) in [
+        (Fault::IgnoreRange, "the server ignored the Range header"),
+        (
+            Fault::LieContentRange("bytes 0-9/20971520"),
+            "server sent \"bytes 0-9/20971520\"",
+        ),
+    ] {
+        server
+            .faults
+            .add(Rule::get("big.bin", fault).times(usize::MAX));
+        let (_dir, dest) = temp_dest();
+        let run = server.sync("range/", &dest, &[]);
+        run.assert_code(1);
+        assert!(
+            run.stderr().contains(message),
+            "{message} in {}",
+            run.stderr()
+        );
+        assert!(
+            !dest.join("big.bin").exists(),
+            "nothing partial under a final name"
+        );
+        assert_eq!(
+            std::fs::read(dest.join("small")).unwrap(),
+            expected["small"]
+        );
+        server.faults.clear();
+        server.sync("range/", &dest, &[]).assert_code(0);
+        assert_mirror(&dest, &expected);
+    }
+}
+
+#[test]
+fn a_server_that_accepts_but_never_answers_fails_in_bounded_time() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let held = std::thread::spawn(move || {
+        // Accepts for a while and never answers; the thread ends with the test process.
+        let mut open = Vec::new();
+        for stream in listener.incoming().take(64) {
+            open.push(stream);
+        }
+        open
+    });
+    let server = Server::local();
+    let (_dir, dest) = temp_dest();
+    let mut command = hydrator_command(&server.target);
+    command
+        .args(["sync", "s3://silent-bucket/x/"])
+        .arg(&dest)
+        .args(["--endpoint-url", &endpoint, "--progress", "none"]);
+    let (output, took) = output_within(&mut command, Duration::from_secs(150));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("listing failed"), "{stderr}");
+    assert!(!dest.join(".hydrator/READY").exists());
+    eprintln!("gave up after {took:?}");
+    drop(held);
+}
+
+#[test]
+fn a_read_only_destination_is_refused_clearly() {
+    let Some(fs) = SmallFilesystem::mount_with("size=1m,ro") else {
+        return;
+    };
+    let server = Server::local();
+    server.seed("ro/", &files(&[("a", content(1, 10))]));
+    let run = server.sync("ro/", &fs.path.join("dest"), &[]);
+    run.assert_code(2);
+    assert!(
+        run.stderr().contains("Read-only file system"),
+        "{}",
+        run.stderr()
+    );
 }

@@ -36,6 +36,13 @@ pub enum Fault {
     InjectListing(Vec<(String, u64)>),
     /// The listing page says it is truncated but gives no continuation token.
     TruncatedWithoutToken,
+    /// Every listing page says it continues with the same token, and a request with that token
+    /// gets the first page again: a listing that loops.
+    LoopingToken,
+    /// The `Range` header is dropped: the whole object comes back with 200 instead of 206.
+    IgnoreRange,
+    /// The response claims this `Content-Range`, whatever was asked.
+    LieContentRange(&'static str),
 }
 
 /// Which requests a rule applies to.
@@ -105,6 +112,11 @@ pub struct Faults {
 impl Faults {
     pub fn add(&self, rule: Rule) {
         self.rules.lock().unwrap().push_back((rule, 0, 0));
+    }
+
+    /// Drops every rule.
+    pub fn clear(&self) {
+        self.rules.lock().unwrap().clear();
     }
 
     pub fn served(&self) -> usize {
@@ -195,8 +207,14 @@ impl FaultyS3 {
                 | Fault::StallBody(..)
                 | Fault::CorruptBody(_)
                 | Fault::InjectListing(_)
-                | Fault::TruncatedWithoutToken),
+                | Fault::TruncatedWithoutToken
+                | Fault::LieContentRange(_)),
             ) => body_fault = Some(f),
+            // The request is signed, so it cannot be changed: the whole object is fetched anew.
+            Some(Fault::IgnoreRange) => return self.whole_object(&path, counter).await,
+            // s3s-fs continues after the token as if it were a key: "again" sorts before every
+            // test key, so the first page comes back.
+            Some(f @ Fault::LoopingToken) => body_fault = Some(f),
             None => {}
         }
         let response = self.inner.call(req.map(s3s::Body::from)).await?;
@@ -230,10 +248,28 @@ impl FaultyS3 {
                             "<IsTruncated>true</IsTruncated>",
                         )
                     }
+                    Some(Fault::LoopingToken) => {
+                        xml = xml
+                            .replace(
+                                "<IsTruncated>false</IsTruncated>",
+                                "<IsTruncated>true</IsTruncated>",
+                            )
+                            .replace(
+                                "</ListBucketResult>",
+                                "<NextContinuationToken>again</NextContinuationToken></ListBucketResult>",
+                            )
+                    }
                     _ => {}
                 }
                 parts.headers.remove("content-length");
                 FaultBody::full(Bytes::from(xml))
+            }
+            Some(Fault::LieContentRange(range)) => {
+                parts.headers.insert(
+                    "content-range",
+                    hyper::header::HeaderValue::from_static(range),
+                );
+                FaultBody::wrap(body, usize::MAX, None, counter)
             }
             Some(Fault::TruncateBody(after)) => FaultBody::wrap(body, after, None, counter),
             Some(Fault::StallBody(after, pause)) => {
@@ -321,6 +357,30 @@ impl FaultyS3 {
         }
         xml.push_str("</ListVersionsResult>");
         Ok(xml_response(xml))
+    }
+
+    /// A 200 answer with the whole object, as a server that ignores `Range` sends.
+    async fn whole_object(
+        &self,
+        path: &str,
+        counter: Option<Arc<AtomicU64>>,
+    ) -> Result<Response<FaultBody>, BoxError> {
+        let (bucket, key) = path
+            .trim_start_matches('/')
+            .split_once('/')
+            .ok_or("no key")?;
+        let client = self.client.lock().unwrap().clone().ok_or("no client")?;
+        let object = client.get_object().bucket(bucket).key(key).send().await?;
+        let etag = object.e_tag().unwrap_or_default().to_string();
+        let data = object.body.collect().await?.into_bytes();
+        if let Some(counter) = counter {
+            counter.fetch_add(data.len() as u64, Relaxed);
+        }
+        let mut response = Response::new(FaultBody::full(data));
+        response
+            .headers_mut()
+            .insert("etag", hyper::header::HeaderValue::from_str(&etag)?);
+        Ok(response)
     }
 
     async fn replace(&self, path: &str, data: Vec<u8>) -> Result<(), BoxError> {
