@@ -395,3 +395,58 @@ fn a_read_only_destination_is_refused_clearly() {
         run.stderr()
     );
 }
+
+#[test]
+fn four_processes_on_one_dest_killed_and_restarted_at_random_end_whole() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let server = Server::local();
+    let mut entries: Vec<(String, Vec<u8>)> = (0..40)
+        .map(|i| (format!("shard/{i:02}.bin"), content(100 + i, 512 << 10)))
+        .collect();
+    entries.push(("big.bin".into(), content(99, 24 * MIB)));
+    let expected: std::collections::BTreeMap<String, Vec<u8>> = entries.into_iter().collect();
+    let total: u64 = expected.values().map(|v| v.len() as u64).sum();
+    server.seed("four/", &expected);
+    // Slow bodies keep the work going long enough for kills to land mid-download.
+    server.faults.add(
+        Rule::get(
+            "four/",
+            Fault::StallBody(64 << 10, Duration::from_millis(400)),
+        )
+        .times(60),
+    );
+    let (_dir, dest) = temp_dest();
+    let start = |_: usize| {
+        sync_command(&server, "four/", &dest)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut processes: Vec<std::process::Child> = (0..4).map(start).collect();
+    let mut rng = fastrand::Rng::with_seed(7);
+    let mut kills = 0;
+    for _ in 0..8 {
+        std::thread::sleep(Duration::from_millis(rng.u64(50..300)));
+        let victim = rng.usize(0..4);
+        if processes[victim].try_wait().unwrap().is_none() {
+            processes[victim].kill().unwrap();
+            processes[victim].wait().unwrap();
+            kills += 1;
+        }
+        processes[victim] = start(victim);
+    }
+    for mut process in processes {
+        let status = process.wait().unwrap();
+        assert!(status.success(), "a process ended with {status}");
+    }
+    assert!(kills > 0, "no process was killed while running");
+    assert!(dest.join(".hydrator/READY").exists());
+    assert_mirror(&dest, &expected);
+    let fetched = server.faults.object_bytes.load(Relaxed);
+    eprintln!("{kills} kills; fetched {fetched} bytes for {total}");
+    assert!(
+        fetched <= total * 2,
+        "each object fetched about once: {fetched} bytes for {total}"
+    );
+}
