@@ -450,3 +450,124 @@ fn four_processes_on_one_dest_killed_and_restarted_at_random_end_whole() {
         "each object fetched about once: {fetched} bytes for {total}"
     );
 }
+
+#[test]
+fn over_long_names_fail_their_object_and_the_rest_completes() {
+    let server = Server::local();
+    // S3 keys stop at 1,024 bytes, below PATH_MAX, but a segment can pass NAME_MAX (255). The
+    // in-process server cannot store such a key on its own filesystem, so it only lists it.
+    server.seed("long/", &files(&[("fine", content(3, 10))]));
+    let long_key = format!("long/dir/{}", "n".repeat(300));
+    server
+        .faults
+        .add(Rule::listing(Fault::InjectListing(vec![(long_key, 10)])));
+    let (_dir, dest) = temp_dest();
+    let run = server.sync("long/", &dest, &[]);
+    run.assert_code(1);
+    assert_eq!(run.count("objects", "failed"), 1, "{}", run.stderr());
+    assert!(
+        run.stderr()
+            .contains("refused: key has a path segment of 300 bytes (the limit is 246)"),
+        "{}",
+        run.stderr()
+    );
+    assert_eq!(std::fs::read(dest.join("fine")).unwrap(), content(3, 10));
+    assert!(!dest.join(".hydrator/READY").exists());
+}
+
+#[test]
+fn a_hard_link_planted_at_a_final_name_is_replaced_and_its_target_untouched() {
+    let server = Server::local();
+    let expected = files(&[("victim.txt", content(5, 1000))]);
+    server.seed("hardlink/", &expected);
+    let outside = tempfile::tempdir().unwrap();
+    let target = outside.path().join("precious");
+    std::fs::write(&target, b"do not overwrite").unwrap();
+    let (_dir, dest) = temp_dest();
+    std::fs::create_dir_all(&dest).unwrap();
+    std::fs::hard_link(&target, dest.join("victim.txt")).unwrap();
+    server.sync("hardlink/", &dest, &[]).assert_code(0);
+    assert_mirror(&dest, &expected);
+    assert_eq!(std::fs::read(&target).unwrap(), b"do not overwrite");
+}
+
+#[test]
+fn throttling_past_the_retry_budget_exits_non_zero_and_the_run_resumes_later() {
+    let server = Server::local();
+    let expected = files(&[("hot.bin", content(6, 3 * MIB)), ("cold", content(7, 10))]);
+    server.seed("throttle/", &expected);
+    server
+        .faults
+        .add(Rule::get("hot.bin", Fault::Status(503, "SlowDown")).times(usize::MAX));
+    let (_dir, dest) = temp_dest();
+    let run = server.sync("throttle/", &dest, &["--part-size", "1MiB"]);
+    run.assert_code(1);
+    assert!(
+        run.stderr().contains("throttle/hot.bin"),
+        "{}",
+        run.stderr()
+    );
+    assert!(!dest.join("hot.bin").exists());
+    server.faults.clear();
+    let rerun = server.sync("throttle/", &dest, &["--part-size", "1MiB"]);
+    rerun.assert_code(0);
+    assert_eq!(rerun.count("objects", "skipped"), 1, "cold was kept");
+    assert_mirror(&dest, &expected);
+}
+
+/// Runs `command` and returns its output and peak RSS in bytes: the last `VmHWM` (the kernel's
+/// high-water mark) read from `/proc` while it ran. (`wait4`'s `ru_maxrss` cannot be used: a
+/// child spawned with `CLONE_VM` inherits this big test process's high-water mark.)
+fn output_and_peak_rss(command: &mut Command) -> (std::process::Output, u64) {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status_file = format!("/proc/{}/status", child.id());
+    let mut peak = 0;
+    while child.try_wait().unwrap().is_none() {
+        let status = std::fs::read_to_string(&status_file).unwrap_or_default();
+        let hwm = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
+        peak = peak.max(hwm.unwrap_or(0) * 1024);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    (child.wait_with_output().unwrap(), peak)
+}
+
+#[test]
+fn memory_stays_within_the_formula_whatever_the_object_sizes() {
+    let server = Server::local();
+    server.seed("mem-tiny/", &files(&[("one", content(1, 10))]));
+    let big = files(&[
+        ("a.bin", content(11, 48 * MIB)),
+        ("b.bin", content(12, 48 * MIB)),
+        ("c.bin", content(13, 48 * MIB)),
+    ]);
+    server.seed("mem-big/", &big);
+    let (_d1, tiny_dest) = temp_dest();
+    let (tiny, baseline) = output_and_peak_rss(
+        sync_command(&server, "mem-tiny/", &tiny_dest).args(["--concurrency", "4"]),
+    );
+    assert!(tiny.status.success());
+    let (_d2, dest) = temp_dest();
+    let (run, peak) =
+        output_and_peak_rss(sync_command(&server, "mem-big/", &dest).args(["--concurrency", "4"]));
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert_mirror(&dest, &big);
+    // README, "Memory": (2 × 4 + 4) × 1 MiB of buffers over the runtime's own; the manifest of
+    // three objects is negligible. 8 MiB of slack for allocator and HTTP buffers.
+    let bound = baseline + (2 * 4 + 4) * MIB as u64 + 8 * MIB as u64;
+    eprintln!("peak RSS {peak} bytes for 144 MiB, baseline {baseline}, bound {bound}");
+    assert!(
+        peak <= bound,
+        "peak RSS {peak} > {bound} (baseline {baseline})"
+    );
+}

@@ -437,26 +437,47 @@ fn error_response(status: u16, code: &str) -> Response<FaultBody> {
     response
 }
 
+/// Adds `extra` entries to a listing page, keeping the keys in order as S3 lists them.
 fn inject_listing(xml: &str, extra: &[(String, u64)]) -> String {
-    let entries: String = extra
+    let unescape = |k: &str| {
+        k.replace("&lt;", "<")
+            .replace("&gt;", ">")
+            .replace("&amp;", "&")
+    };
+    let mut entries: Vec<(String, String)> = extra
         .iter()
         .map(|(key, size)| {
-            let key = key
+            let escaped = key
                 .replace('&', "&amp;")
                 .replace('<', "&lt;")
                 .replace('>', "&gt;");
-            format!(
-                "<Contents><Key>{key}</Key><LastModified>2026-01-01T00:00:00.000Z</LastModified>\
+            let entry = format!(
+                "<Contents><Key>{escaped}</Key><LastModified>2026-01-01T00:00:00.000Z</LastModified>\
                  <ETag>\"00000000000000000000000000000000\"</ETag><Size>{size}</Size>\
                  <StorageClass>STANDARD</StorageClass></Contents>"
-            )
+            );
+            (key.clone(), entry)
         })
         .collect();
-    xml.replacen(
-        "</ListBucketResult>",
-        &format!("{entries}</ListBucketResult>"),
-        1,
-    )
+    let start = xml
+        .find("<Contents>")
+        .or_else(|| xml.find("</ListBucketResult>"))
+        .expect("a listing");
+    let (head, mut rest) = xml.split_at(start);
+    while rest.starts_with("<Contents>") {
+        let end = rest.find("</Contents>").expect("closed Contents") + "</Contents>".len();
+        let entry = &rest[..end];
+        let key = entry
+            .split("<Key>")
+            .nth(1)
+            .and_then(|k| k.split("</Key>").next())
+            .unwrap_or_default();
+        entries.push((unescape(key), entry.to_string()));
+        rest = &rest[end..];
+    }
+    entries.sort();
+    let blocks: String = entries.into_iter().map(|(_, entry)| entry).collect();
+    format!("{head}{blocks}{rest}")
 }
 
 fn percent_decode(path: &str) -> String {
