@@ -571,3 +571,46 @@ fn memory_stays_within_the_formula_whatever_the_object_sizes() {
         "peak RSS {peak} > {bound} (baseline {baseline})"
     );
 }
+
+#[test]
+fn running_out_of_inodes_fails_clearly_and_the_run_resumes_once_there_are_more() {
+    let Some(fs) = SmallFilesystem::mount_with("size=16m,nr_inodes=16") else {
+        return;
+    };
+    let server = Server::local();
+    let expected: std::collections::BTreeMap<String, Vec<u8>> = (0..30)
+        .map(|i| (format!("f{i:02}"), content(200 + i, 1000)))
+        .collect();
+    server.seed("inodes/", &expected);
+    let dest = fs.path.join("dest");
+    let run = server.sync("inodes/", &dest, &[]);
+    run.assert_code(1);
+    assert!(
+        run.stderr().contains("No space left on device"),
+        "{}",
+        run.stderr()
+    );
+    assert!(!dest.join(".hydrator/READY").exists());
+    let status = Command::new("mount")
+        .args(["-o", "remount,nr_inodes=1000"])
+        .arg(&fs.path)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    server.sync("inodes/", &dest, &[]).assert_code(0);
+    assert_mirror(&dest, &expected);
+}
+
+#[test]
+fn keys_that_differ_only_in_case_are_distinct_files() {
+    let server = Server::local();
+    let expected = files(&[
+        ("Data/Train.txt", content(1, 10)),
+        ("data/train.txt", content(2, 10)),
+        ("data/TRAIN.txt", content(3, 10)),
+    ]);
+    server.seed("case/", &expected);
+    let (_dir, dest) = temp_dest();
+    server.sync("case/", &dest, &[]).assert_code(0);
+    assert_mirror(&dest, &expected);
+}
