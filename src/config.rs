@@ -27,6 +27,11 @@ pub const MAX_PART_ATTEMPTS: u32 = 6;
 /// SDK attempts per request (5xx, throttling, connection errors before the body).
 pub const SDK_MAX_ATTEMPTS: u32 = 5;
 pub const PROGRESS_LOG_INTERVAL: Duration = Duration::from_secs(5);
+/// A part body slower than this (bytes per second of waiting on the network), once
+/// [`SLOW_BODY_GRACE`] of waiting has passed, is abandoned and retried: a slow-loris body
+/// passes the SDK's stalled-stream check, which needs only 1 byte per second.
+pub const MIN_BODY_RATE: u64 = 64 << 10;
+pub const SLOW_BODY_GRACE: Duration = Duration::from_secs(10);
 
 /// `s3://bucket/prefix/`: the prefix, if not empty, always ends with `/`.
 #[derive(Clone, Debug, PartialEq, Eq)]

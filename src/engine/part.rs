@@ -4,13 +4,14 @@
 use std::fs::File;
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
 use super::retry::backoff;
 use super::run::Ctx;
 use super::stats::Stats;
-use crate::config::MAX_PART_ATTEMPTS;
+use crate::config::{MAX_PART_ATTEMPTS, MIN_BODY_RATE, SLOW_BODY_GRACE};
 use crate::error::PartError;
 use crate::hash::{PartDigest, PartHasher};
 use crate::source::checksum::Algorithm;
@@ -103,8 +104,14 @@ async fn try_part(
     // Taken from the pool only when bytes arrive, and handed on as soon as it is full: a part
     // never holds a full buffer while waiting for an empty one (that could starve the pool).
     let mut buf: Option<PooledBuf> = None;
+    // Time spent waiting for the network only: waiting for a buffer (a slow disk) is not the
+    // server's slowness.
+    let mut waited = Duration::ZERO;
     let streamed = loop {
-        let chunk = match body.next().await {
+        let asked = Instant::now();
+        let next = body.next().await;
+        waited += asked.elapsed();
+        let chunk = match next {
             None => break Ok(()),
             Some(Ok(chunk)) => chunk,
             Some(Err(err)) => {
@@ -121,6 +128,13 @@ async fn try_part(
         if received > expected {
             break Err(PartError::Retryable(format!(
                 "server sent more than the {expected} bytes asked for"
+            )));
+        }
+        if waited > SLOW_BODY_GRACE && received < MIN_BODY_RATE * waited.as_secs() {
+            break Err(PartError::Retryable(format!(
+                "body of {} too slow: {received} bytes in {:.0} s",
+                object.key,
+                waited.as_secs_f64()
             )));
         }
         let mut data = &chunk[..];

@@ -614,3 +614,30 @@ fn keys_that_differ_only_in_case_are_distinct_files() {
     server.sync("case/", &dest, &[]).assert_code(0);
     assert_mirror(&dest, &expected);
 }
+
+#[test]
+fn a_slow_loris_body_is_abandoned_and_the_part_fetched_again() {
+    let server = Server::local();
+    let expected = files(&[("slow.bin", content(8, 2 * MIB))]);
+    server.seed("loris/", &expected);
+    // 4 KiB every 100 ms: 40 KiB/s, never stalled long enough for the SDK to notice.
+    server.faults.add(Rule::get(
+        "slow.bin",
+        Fault::TrickleBody(4 << 10, Duration::from_millis(100)),
+    ));
+    let (_dir, dest) = temp_dest();
+    let started = Instant::now();
+    let run = server.sync("loris/", &dest, &["--part-size", "1MiB"]);
+    run.assert_code(0);
+    assert!(
+        started.elapsed() < Duration::from_secs(40),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        run.report()["part_retries"].as_u64() >= Some(1),
+        "{}",
+        run.report()
+    );
+    assert_mirror(&dest, &expected);
+}

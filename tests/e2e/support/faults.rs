@@ -43,6 +43,8 @@ pub enum Fault {
     IgnoreRange,
     /// The response claims this `Content-Range`, whatever was asked.
     LieContentRange(&'static str),
+    /// The body trickles: this many bytes, then a pause of this long, and again (slow loris).
+    TrickleBody(usize, Duration),
 }
 
 /// Which requests a rule applies to.
@@ -208,7 +210,8 @@ impl FaultyS3 {
                 | Fault::CorruptBody(_)
                 | Fault::InjectListing(_)
                 | Fault::TruncatedWithoutToken
-                | Fault::LieContentRange(_)),
+                | Fault::LieContentRange(_)
+                | Fault::TrickleBody(..)),
             ) => body_fault = Some(f),
             // The request is signed, so it cannot be changed: the whole object is fetched anew.
             Some(Fault::IgnoreRange) => return self.whole_object(&path, counter).await,
@@ -270,6 +273,11 @@ impl FaultyS3 {
                     hyper::header::HeaderValue::from_static(range),
                 );
                 FaultBody::wrap(body, usize::MAX, None, counter)
+            }
+            Some(Fault::TrickleBody(bytes, pause)) => {
+                let mut body = FaultBody::wrap(body, usize::MAX, None, counter);
+                body.trickle = Some((bytes, pause));
+                body
             }
             Some(Fault::TruncateBody(after)) => FaultBody::wrap(body, after, None, counter),
             Some(Fault::StallBody(after, pause)) => {
@@ -509,6 +517,9 @@ pub struct FaultBody {
     /// Offset of a byte to flip, and how many bytes went by so far.
     flip_at: Option<usize>,
     position: usize,
+    /// Bytes per frame and the pause after each, with what is left of the last inner frame.
+    trickle: Option<(usize, Duration)>,
+    pending: Bytes,
 }
 
 impl FaultBody {
@@ -522,6 +533,8 @@ impl FaultBody {
             counter: None,
             flip_at: None,
             position: 0,
+            trickle: None,
+            pending: Bytes::new(),
         }
     }
 
@@ -540,6 +553,8 @@ impl FaultBody {
             counter,
             flip_at: None,
             position: 0,
+            trickle: None,
+            pending: Bytes::new(),
         }
     }
 }
@@ -574,6 +589,22 @@ impl Body for FaultBody {
         let Some(inner) = this.inner.as_mut() else {
             return Poll::Ready(None);
         };
+        if let Some((per_frame, pause)) = this.trickle {
+            while this.pending.is_empty() {
+                match Pin::new(&mut *inner).poll_frame(cx) {
+                    Poll::Ready(Some(Ok(frame))) => {
+                        this.pending = frame.into_data().unwrap_or_default();
+                    }
+                    other => return other,
+                }
+            }
+            let data = this.pending.split_to(per_frame.min(this.pending.len()));
+            if let Some(counter) = &this.counter {
+                counter.fetch_add(data.len() as u64, Relaxed);
+            }
+            this.sleeping = Some(Box::pin(tokio::time::sleep(pause)));
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
         match Pin::new(inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 let Ok(mut data) = frame.into_data() else {
