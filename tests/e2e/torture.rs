@@ -641,3 +641,96 @@ fn a_slow_loris_body_is_abandoned_and_the_part_fetched_again() {
     );
     assert_mirror(&dest, &expected);
 }
+
+/// The listing's ETags are noise; a restart pins the object to the ETag the server answers
+/// with, so the mirror completes, each file from one version.
+#[test]
+fn an_etag_that_changes_at_every_listing_never_mixes_versions() {
+    let server = Server::local();
+    let expected = files(&[("moving.bin", content(9, 3 * MIB)), ("x", content(10, 10))]);
+    server.seed("etags/", &expected);
+    server
+        .faults
+        .add(Rule::listing(Fault::RandomListingEtags).times(usize::MAX));
+    let (_dir, dest) = temp_dest();
+    let run = server.sync("etags/", &dest, &["--part-size", "1MiB"]);
+    run.assert_code(0);
+    assert_eq!(run.report()["object_restarts"], 2, "{}", run.report());
+    assert_mirror(&dest, &expected);
+}
+
+#[test]
+fn a_key_that_is_not_utf8_fails_the_listing_clearly() {
+    let server = Server::local();
+    server.seed("utf8/", &files(&[("name", content(11, 10))]));
+    server.faults.add(Rule::listing(Fault::InvalidUtf8Key));
+    let (_dir, dest) = temp_dest();
+    let run = server.sync("utf8/", &dest, &[]);
+    run.assert_code(1);
+    assert!(run.stderr().contains("listing failed"), "{}", run.stderr());
+    assert!(!dest.join(".hydrator/READY").exists());
+}
+
+#[test]
+fn running_out_of_space_mid_write_fails_clearly_and_the_run_resumes_once_space_is_freed() {
+    // ext2 has no fallocate: space is only taken as the data is written, so the disk fills up
+    // in the middle of a file rather than when it is created.
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("cannot loop-mount an image (not root): skipping");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (image, mountpoint) = (dir.path().join("fs.img"), dir.path().join("fs"));
+    std::fs::create_dir(&mountpoint).unwrap();
+    let made = Command::new("mkfs.ext2")
+        .args(["-q", "-F", "-m", "0"])
+        .arg(&image)
+        .arg("8M")
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let mounted = Command::new("mount")
+        .args(["-o", "loop"])
+        .arg(&image)
+        .arg(&mountpoint)
+        .status()
+        .unwrap();
+    assert!(
+        mounted.success(),
+        "loop-mounting an ext2 image as root failed"
+    );
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(mountpoint.clone());
+    let filler = mountpoint.join("filler");
+    std::fs::write(&filler, vec![0u8; 3 * MIB]).unwrap();
+
+    let server = Server::local();
+    let expected = files(&[
+        ("one.bin", content(12, 3 * MIB)),
+        ("two.bin", content(13, 3 * MIB)),
+    ]);
+    server.seed("midwrite/", &expected);
+    let dest = mountpoint.join("dest");
+    let run = server.sync("midwrite/", &dest, &["--concurrency", "1"]);
+    run.assert_code(1);
+    assert!(
+        run.stderr().contains("No space left on device"),
+        "{}",
+        run.stderr()
+    );
+    assert!(!dest.join(".hydrator/READY").exists());
+    for (name, data) in &expected {
+        if let Ok(on_disk) = std::fs::read(dest.join(name)) {
+            assert!(on_disk == *data, "{name} is whole or absent");
+        }
+    }
+    std::fs::remove_file(&filler).unwrap();
+    server.sync("midwrite/", &dest, &[]).assert_code(0);
+    assert_mirror(&dest, &expected);
+}

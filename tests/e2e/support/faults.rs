@@ -45,6 +45,10 @@ pub enum Fault {
     LieContentRange(&'static str),
     /// The body trickles: this many bytes, then a pause of this long, and again (slow loris).
     TrickleBody(usize, Duration),
+    /// Every listing gives every object a new, random ETag.
+    RandomListingEtags,
+    /// The first key of the listing page starts with a byte that is not UTF-8.
+    InvalidUtf8Key,
 }
 
 /// Which requests a rule applies to.
@@ -211,7 +215,9 @@ impl FaultyS3 {
                 | Fault::InjectListing(_)
                 | Fault::TruncatedWithoutToken
                 | Fault::LieContentRange(_)
-                | Fault::TrickleBody(..)),
+                | Fault::TrickleBody(..)
+                | Fault::RandomListingEtags
+                | Fault::InvalidUtf8Key),
             ) => body_fault = Some(f),
             // The request is signed, so it cannot be changed: the whole object is fetched anew.
             Some(Fault::IgnoreRange) => return self.whole_object(&path, counter).await,
@@ -243,13 +249,25 @@ impl FaultyS3 {
                 let mut xml = self
                     .add_etags(&path, &String::from_utf8_lossy(&bytes))
                     .await?;
-                match body_fault {
-                    Some(Fault::InjectListing(extra)) => xml = inject_listing(&xml, &extra),
+                match &body_fault {
+                    Some(Fault::InjectListing(extra)) => xml = inject_listing(&xml, extra),
                     Some(Fault::TruncatedWithoutToken) => {
                         xml = xml.replace(
                             "<IsTruncated>false</IsTruncated>",
                             "<IsTruncated>true</IsTruncated>",
                         )
+                    }
+                    Some(Fault::RandomListingEtags) => {
+                        let mut pieces = xml.split("<ETag>");
+                        let mut out = pieces.next().unwrap_or_default().to_string();
+                        for piece in pieces {
+                            let rest = piece.split_once("</ETag>").map_or("", |(_, r)| r);
+                            out += &format!(
+                                "<ETag>&quot;{:032x}&quot;</ETag>{rest}",
+                                fastrand::u128(..)
+                            );
+                        }
+                        xml = out;
                     }
                     Some(Fault::LoopingToken) => {
                         xml = xml
@@ -265,7 +283,13 @@ impl FaultyS3 {
                     _ => {}
                 }
                 parts.headers.remove("content-length");
-                FaultBody::full(Bytes::from(xml))
+                let mut bytes = xml.into_bytes();
+                if let Some(Fault::InvalidUtf8Key) = body_fault {
+                    if let Some(at) = bytes.windows(5).position(|w| w == b"<Key>") {
+                        bytes.insert(at + 5, 0xff);
+                    }
+                }
+                FaultBody::full(Bytes::from(bytes))
             }
             Some(Fault::LieContentRange(range)) => {
                 parts.headers.insert(
