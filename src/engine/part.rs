@@ -18,6 +18,7 @@ use crate::source::checksum::Algorithm;
 use crate::source::errors::describe_chain;
 use crate::source::fetch::{get_range, PinnedObject};
 use crate::write::buffer::PooledBuf;
+use crate::write::dest;
 use crate::write::WriteJob;
 
 /// A part's BLAKE3 digest, and its CRC when the object has a full-object checksum to meet.
@@ -152,6 +153,7 @@ async fn try_part(
     };
     if streamed.is_ok() && received != expected {
         return finish_writes(
+            &target.file,
             writes,
             Err(PartError::Retryable(format!(
                 "body of {} ended after {received} of {expected} bytes",
@@ -171,7 +173,7 @@ async fn try_part(
             &mut writes,
         );
     }
-    finish_writes(writes, streamed.map(|()| sums.finish())).await
+    finish_writes(&target.file, writes, streamed.map(|()| sums.finish())).await
 }
 
 /// Hashes `buf` and hands it to a writer; returns the number of data bytes it carries.
@@ -203,6 +205,7 @@ fn submit(
 /// Waits for the part's writes (also after a failure, so no stale write lands after a retry's)
 /// and turns a write error into a fatal error for the object.
 async fn finish_writes<T>(
+    file: &File,
     writes: Vec<oneshot::Receiver<std::io::Result<()>>>,
     result: Result<T, PartError>,
 ) -> Result<T, PartError> {
@@ -210,7 +213,10 @@ async fn finish_writes<T>(
     for wait in writes {
         match wait.await {
             Ok(Ok(())) => {}
-            Ok(Err(err)) => write_error = write_error.or(Some(format!("write failed: {err}"))),
+            Ok(Err(err)) => {
+                let why = dest::explain_write_error(&err, file);
+                write_error = write_error.or(Some(format!("write failed: {why}")));
+            }
             Err(_) => write_error = write_error.or(Some("writer stopped".to_string())),
         }
     }

@@ -264,6 +264,17 @@ pub fn preallocate(file: &File, len: u64) -> io::Result<()> {
     }
 }
 
+/// A write error for a person: on a full filesystem, how much room is left.
+pub fn explain_write_error(err: &io::Error, file: &File) -> String {
+    match err.raw_os_error() {
+        Some(libc::ENOSPC) => format!(
+            "the destination's filesystem is full ({} free): {err}",
+            free_bytes(file).map_or_else(|e| format!("? ({e})"), human_bytes)
+        ),
+        _ => err.to_string(),
+    }
+}
+
 /// Bytes an unprivileged writer can still use on `file`'s filesystem.
 fn free_bytes(file: &File) -> io::Result<u64> {
     // SAFETY: an all-zero statvfs is a valid value for fstatvfs to overwrite.

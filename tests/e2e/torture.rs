@@ -10,7 +10,13 @@ use crate::support::faults::{Fault, Rule};
 use crate::support::{assert_mirror, content, files, hydrator_command, temp_dest, Server, MIB};
 
 /// `hydrator sync` of `prefix` into `dest` against `server`, with a report, not yet waited for.
-fn spawn_sync(server: &Server, prefix: &str, dest: &Path, report: &Path) -> std::process::Child {
+fn spawn_sync(
+    server: &Server,
+    prefix: &str,
+    dest: &Path,
+    report: &Path,
+    args: &[&str],
+) -> std::process::Child {
     hydrator_command(&server.target)
         .arg("sync")
         .arg(format!("s3://{}/{prefix}", server.target.bucket))
@@ -23,6 +29,7 @@ fn spawn_sync(server: &Server, prefix: &str, dest: &Path, report: &Path) -> std:
         ])
         .arg("--report")
         .arg(report)
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -54,7 +61,7 @@ fn check_signal_stops_and_resumes(signal: i32) {
         .add(Rule::get("big.bin", Fault::StallBody(MIB, Duration::from_secs(60))).skip(1));
     let (_dir, dest) = temp_dest();
     let report = dest.with_extension("json");
-    let child = spawn_sync(&server, "sig/", &dest, &report);
+    let child = spawn_sync(&server, "sig/", &dest, &report, &[]);
     wait_for_file(&dest.join(".big.bin.partial"));
     std::thread::sleep(Duration::from_millis(500)); // parts 0 and 2 arrive meanwhile
     let signalled = Instant::now();
@@ -186,7 +193,7 @@ fn seed_many(server: &Server, prefix: &str, count: usize, size: usize) {
                     .client
                     .put_object()
                     .bucket(&server.target.bucket)
-                    .key(format!("{prefix}d{:03}/f{i:05}", i % 500))
+                    .key(format!("{prefix}d{:04}/f{i:05}", i % 2000))
                     .body(content(i as u64, size).into())
                     .send()
             })
@@ -199,7 +206,7 @@ fn seed_many(server: &Server, prefix: &str, count: usize, size: usize) {
 }
 
 #[test]
-fn twenty_thousand_objects_in_500_directories_under_an_open_file_limit_of_256() {
+fn twenty_thousand_objects_in_2000_directories_under_an_open_file_limit_of_256() {
     let server = Server::local();
     seed_many(&server, "many/", 20_000, 100);
     let (_dir, dest) = temp_dest();
@@ -242,7 +249,7 @@ fn twenty_thousand_objects_in_500_directories_under_an_open_file_limit_of_256() 
         serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
     assert_eq!(report["objects"]["downloaded"], 20_000);
     assert!(dest.join(".hydrator/READY").exists());
-    let sample = std::fs::read(dest.join("d007/f12007")).unwrap();
+    let sample = std::fs::read(dest.join("d0007/f12007")).unwrap();
     assert!(sample == content(12_007, 100));
 }
 
@@ -720,7 +727,8 @@ fn running_out_of_space_mid_write_fails_clearly_and_the_run_resumes_once_space_i
     let run = server.sync("midwrite/", &dest, &["--concurrency", "1"]);
     run.assert_code(1);
     assert!(
-        run.stderr().contains("No space left on device"),
+        run.stderr()
+            .contains("write failed: the destination's filesystem is full ("),
         "{}",
         run.stderr()
     );
@@ -732,5 +740,59 @@ fn running_out_of_space_mid_write_fails_clearly_and_the_run_resumes_once_space_i
     }
     std::fs::remove_file(&filler).unwrap();
     server.sync("midwrite/", &dest, &[]).assert_code(0);
+    assert_mirror(&dest, &expected);
+}
+
+#[test]
+fn symlinks_planted_during_a_run_are_never_followed() {
+    let server = Server::local();
+    let expected: std::collections::BTreeMap<String, Vec<u8>> = (0..4)
+        .map(|i| (format!("a/{i}"), content(300 + i, 10)))
+        .chain((0..4).map(|i| (format!("b/{i}"), content(400 + i, 10))))
+        .collect();
+    server.seed("planted-live/", &expected);
+    // The a/ objects hang for 2 s; with one request slot the b/ ones wait behind them.
+    server.faults.add(Rule {
+        ranged_only: false,
+        ..Rule::get(
+            "planted-live/a/",
+            Fault::StallBody(1, Duration::from_secs(2)),
+        )
+        .times(4)
+    });
+    let (outside_a, outside_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (_dir, dest) = temp_dest();
+    let report = dest.with_extension("json");
+    let child = spawn_sync(
+        &server,
+        "planted-live/",
+        &dest,
+        &report,
+        &["--concurrency", "1"],
+    );
+    wait_for_file(&dest.join("a"));
+    std::fs::rename(dest.join("a"), dest.join("a.moved")).unwrap();
+    std::os::unix::fs::symlink(outside_a.path(), dest.join("a")).unwrap();
+    std::os::unix::fs::symlink(outside_b.path(), dest.join("b")).unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for outside in [&outside_a, &outside_b] {
+        assert_eq!(
+            std::fs::read_dir(outside.path()).unwrap().count(),
+            0,
+            "nothing written through a planted symlink"
+        );
+    }
+    assert!(!dest.join(".hydrator/READY").exists());
+    for link in ["a", "b"] {
+        std::fs::remove_file(dest.join(link)).unwrap();
+    }
+    std::fs::remove_dir_all(dest.join("a.moved")).unwrap();
+    server.sync("planted-live/", &dest, &[]).assert_code(0);
     assert_mirror(&dest, &expected);
 }
