@@ -72,6 +72,7 @@ fn check_signal_stops_and_resumes(signal: i32) {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(3), "{stderr}");
     assert!(took < Duration::from_secs(5), "stopped after {took:?}");
+    eprintln!("signal {signal}: exit 3 after {took:?}");
     assert!(stderr.contains("stopped before the end"), "{stderr}");
     assert!(!dest.join(".hydrator/READY").exists());
     assert!(
