@@ -50,14 +50,7 @@ pub fn usage(dir: &Path) -> io::Result<Usage> {
 
 /// Bytes an unprivileged writer can still use on `path`'s filesystem.
 pub fn free_bytes(path: &Path) -> io::Result<u64> {
-    let path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?;
-    // SAFETY: an all-zero statvfs is a valid value for statvfs to overwrite.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: NUL-terminated path and a writable statvfs.
-    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(st.f_bavail * st.f_frsize)
+    crate::write::dest::free_bytes(&std::fs::File::open(path)?)
 }
 
 /// The cache's limits and where it stands.

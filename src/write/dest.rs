@@ -276,7 +276,7 @@ pub fn explain_write_error(err: &io::Error, file: &File) -> String {
 }
 
 /// Bytes an unprivileged writer can still use on `file`'s filesystem.
-fn free_bytes(file: &File) -> io::Result<u64> {
+pub fn free_bytes(file: &File) -> io::Result<u64> {
     // SAFETY: an all-zero statvfs is a valid value for fstatvfs to overwrite.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: valid fd and a writable statvfs.

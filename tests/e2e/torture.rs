@@ -9,15 +9,10 @@ use std::time::{Duration, Instant};
 use crate::support::faults::{Fault, Rule};
 use crate::support::{assert_mirror, content, files, hydrator_command, temp_dest, Server, MIB};
 
-/// `hydrator sync` of `prefix` into `dest` against `server`, with a report, not yet waited for.
-fn spawn_sync(
-    server: &Server,
-    prefix: &str,
-    dest: &Path,
-    report: &Path,
-    args: &[&str],
-) -> std::process::Child {
-    hydrator_command(&server.target)
+/// `hydrator sync s3://BUCKET/PREFIX DEST` against `server`, without progress output.
+fn sync_command(server: &Server, prefix: &str, dest: &Path) -> Command {
+    let mut command = hydrator_command(&server.target);
+    command
         .arg("sync")
         .arg(format!("s3://{}/{prefix}", server.target.bucket))
         .arg(dest)
@@ -26,7 +21,19 @@ fn spawn_sync(
             &server.target.endpoint,
             "--progress",
             "none",
-        ])
+        ]);
+    command
+}
+
+/// The same with a report and `args`, started and not yet waited for.
+fn spawn_sync(
+    server: &Server,
+    prefix: &str,
+    dest: &Path,
+    report: &Path,
+    args: &[&str],
+) -> std::process::Child {
+    sync_command(server, prefix, dest)
         .arg("--report")
         .arg(report)
         .args(args)
@@ -212,19 +219,8 @@ fn twenty_thousand_objects_in_2000_directories_under_an_open_file_limit_of_256()
     seed_many(&server, "many/", 20_000, 100);
     let (_dir, dest) = temp_dest();
     let report = dest.with_extension("json");
-    let mut command = hydrator_command(&server.target);
-    command
-        .arg("sync")
-        .arg(format!("s3://{}/many/", server.target.bucket))
-        .arg(&dest)
-        .args([
-            "--endpoint-url",
-            &server.target.endpoint,
-            "--progress",
-            "none",
-        ])
-        .arg("--report")
-        .arg(&report);
+    let mut command = sync_command(&server, "many/", &dest);
+    command.arg("--report").arg(&report);
     // SAFETY: setrlimit is async-signal-safe, as pre_exec requires.
     unsafe {
         std::os::unix::process::CommandExt::pre_exec(&mut command, || {
@@ -274,21 +270,6 @@ fn output_within(command: &mut Command, limit: Duration) -> (std::process::Outpu
         std::thread::sleep(Duration::from_millis(50));
     }
     (child.wait_with_output().unwrap(), started.elapsed())
-}
-
-fn sync_command(server: &Server, prefix: &str, dest: &Path) -> Command {
-    let mut command = hydrator_command(&server.target);
-    command
-        .arg("sync")
-        .arg(format!("s3://{}/{prefix}", server.target.bucket))
-        .arg(dest)
-        .args([
-            "--endpoint-url",
-            &server.target.endpoint,
-            "--progress",
-            "none",
-        ]);
-    command
 }
 
 #[test]
