@@ -55,6 +55,28 @@ fn wait_for_file(path: &Path) {
     }
 }
 
+/// Waits until two of the three 8 MiB parts of `partial` hold their bytes (the third stalls).
+fn wait_for_parts_written(partial: &Path, expected: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    wait_for_file(partial);
+    let file = std::fs::File::open(partial).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut buf = vec![0u8; 8 * MIB];
+    loop {
+        let written = (0..3)
+            .filter(|part| {
+                let at = part * 8 * MIB;
+                file.read_exact_at(&mut buf, at as u64).is_ok() && buf == expected[at..at + 8 * MIB]
+            })
+            .count();
+        if written >= 2 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "two parts never written");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn check_signal_stops_and_resumes(signal: i32) {
     let server = Server::local();
     let expected = files(&[
@@ -69,8 +91,7 @@ fn check_signal_stops_and_resumes(signal: i32) {
     let (_dir, dest) = temp_dest();
     let report = dest.with_extension("json");
     let child = spawn_sync(&server, "sig/", &dest, &report, &[]);
-    wait_for_file(&dest.join(".big.bin.partial"));
-    std::thread::sleep(Duration::from_millis(500)); // parts 0 and 2 arrive meanwhile
+    wait_for_parts_written(&dest.join(".big.bin.partial"), &expected["big.bin"]);
     let signalled = Instant::now();
     // SAFETY: signalling our own child process.
     unsafe { libc::kill(child.id() as i32, signal) };
