@@ -10,7 +10,7 @@ tag=${1:-localhost/hydrator:dev}
 target=x86_64-unknown-linux-gnu
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/container}
 # One codegen unit and whole-program LTO: 15.9 MiB of image against 19.5 MiB with the release
-# profile's thin LTO, for the same build time from scratch (about 5 minutes on 2 cores).
+# profile's thin LTO (a build from scratch took 4 min 49 s on 2 cores).
 export CARGO_PROFILE_RELEASE_LTO=fat CARGO_PROFILE_RELEASE_CODEGEN_UNITS=1
 read -r -a podman_opts <<< "${PODMAN_OPTS:---storage-driver vfs}"
 RUSTFLAGS="-C target-feature=+crt-static" cargo build --locked --release --target "$target" \

@@ -173,21 +173,19 @@ async fn take_lease(
         Ok(request) => request,
         Err(response) => return *response,
     };
-    let Some(default_ttl) = daemon
-        .catalog()
-        .datasets
-        .contains_key(&name)
-        .then(|| daemon.catalog().cache.default_lease_ttl)
-    else {
+    let catalog = daemon.catalog();
+    if !catalog.datasets.contains_key(&name) {
         return unknown(&name);
-    };
+    }
     if holder.is_empty() || holder.len() > MAX_HOLDER_LEN || holder.chars().any(char::is_control) {
         return error(
             StatusCode::BAD_REQUEST,
             format!("a lease holder is 1 to {MAX_HOLDER_LEN} printable characters"),
         );
     }
-    let ttl = request.ttl_seconds.unwrap_or(default_ttl.as_secs());
+    let ttl = request
+        .ttl_seconds
+        .unwrap_or(catalog.cache.default_lease_ttl.as_secs());
     if ttl == 0 {
         return error(StatusCode::BAD_REQUEST, "ttl_seconds must be at least 1");
     }

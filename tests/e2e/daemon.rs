@@ -5,11 +5,11 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::support::daemon::{catalog, daemon_command, dataset, Daemon, DatasetSpec, TOKEN};
 use crate::support::faults::{Fault, Rule};
-use crate::support::{assert_mirror, content, files, Server, MIB};
+use crate::support::{assert_mirror, content, files, wait_until, Server, MIB};
 
 fn stdout(output: &std::process::Output) -> String {
     String::from_utf8_lossy(&output.stdout).trim().to_string()
@@ -166,11 +166,9 @@ fn expired_leases_are_released() {
         &daemon,
     );
     assert_eq!(daemon.metric("hydrator_leases"), 1.0);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while daemon.metric("hydrator_leases") > 0.0 {
-        assert!(Instant::now() < deadline, "the lease never expired");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_until("the lease expires", Duration::from_secs(10), || {
+        daemon.metric("hydrator_leases") == 0.0
+    });
 }
 
 #[test]
@@ -319,33 +317,28 @@ fn a_daemon_killed_mid_hydration_resumes_on_restart() {
 
 /// Waits until a manifest under `dataset_dir` records durable parts.
 fn wait_for_durable_parts(dataset_dir: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let recorded = std::fs::read_dir(dataset_dir).unwrap().any(|snapshot| {
+    let needle = b"\"type\":\"parts\"";
+    wait_until("durable parts recorded", Duration::from_secs(60), || {
+        std::fs::read_dir(dataset_dir).unwrap().any(|snapshot| {
             let journal = snapshot.unwrap().path().join(".hydrator/manifest.journal");
-            let needle = b"\"type\":\"parts\"";
             std::fs::read(journal)
                 .is_ok_and(|bytes| bytes.windows(needle.len()).any(|w| w == needle))
-        });
-        if recorded {
-            return;
-        }
-        assert!(Instant::now() < deadline, "no durable parts recorded");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        })
+    });
 }
 
 /// Waits until the hydration of `name` has received at least `bytes`.
 fn wait_for_progress(daemon: &Daemon, name: &str, bytes: u64) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let status = daemon.status(name);
-        if status["progress"]["bytes_done"].as_u64().unwrap_or(0) >= bytes {
-            return;
-        }
-        assert!(Instant::now() < deadline, "no progress: {status}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until(
+        &format!("{name} receives {bytes} bytes"),
+        Duration::from_secs(30),
+        || {
+            daemon.status(name)["progress"]["bytes_done"]
+                .as_u64()
+                .unwrap_or(0)
+                >= bytes
+        },
+    );
 }
 
 #[test]
@@ -481,11 +474,9 @@ fn sighup_reloads_the_catalog_and_a_bad_one_is_refused() {
     let text = catalog(dir.path(), &server.target, "1GiB", "", &two);
     std::fs::write(dir.path().join("catalog.toml"), text).unwrap();
     daemon.signal(libc::SIGHUP);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !daemon.log().contains("catalog reloaded") {
-        assert!(Instant::now() < deadline, "{}", daemon.log());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until("the catalog is reloaded", Duration::from_secs(10), || {
+        daemon.log().contains("catalog reloaded")
+    });
     assert!(daemon.log().contains("reload refused"), "{}", daemon.log());
     assert_ok(&daemon.warm("two", &[]), &daemon);
 }

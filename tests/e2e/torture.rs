@@ -7,7 +7,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::support::faults::{Fault, Rule};
-use crate::support::{assert_mirror, content, files, hydrator_command, temp_dest, Server, MIB};
+use crate::support::{
+    assert_mirror, content, files, hydrator_command, temp_dest, wait_until, Server, MIB,
+};
 
 /// `hydrator sync s3://BUCKET/PREFIX DEST` against `server`, without progress output.
 fn sync_command(server: &Server, prefix: &str, dest: &Path) -> Command {
@@ -44,15 +46,11 @@ fn spawn_sync(
 }
 
 fn wait_for_file(path: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !path.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "{} never appeared",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(
+        &format!("{} appears", path.display()),
+        Duration::from_secs(20),
+        || path.exists(),
+    );
 }
 
 /// Waits until two of the three 8 MiB parts of `partial` hold their bytes (the third stalls).
@@ -60,21 +58,14 @@ fn wait_for_parts_written(partial: &Path, expected: &[u8]) {
     use std::os::unix::fs::FileExt;
     wait_for_file(partial);
     let file = std::fs::File::open(partial).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
     let mut buf = vec![0u8; 8 * MIB];
-    loop {
-        let written = (0..3)
-            .filter(|part| {
-                let at = part * 8 * MIB;
-                file.read_exact_at(&mut buf, at as u64).is_ok() && buf == expected[at..at + 8 * MIB]
-            })
-            .count();
-        if written >= 2 {
-            return;
-        }
-        assert!(Instant::now() < deadline, "two parts never written");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until("two parts written", Duration::from_secs(60), || {
+        let written = (0..3).filter(|part| {
+            let at = part * 8 * MIB;
+            file.read_exact_at(&mut buf, at as u64).is_ok() && buf == expected[at..at + 8 * MIB]
+        });
+        written.count() >= 2
+    });
 }
 
 fn check_signal_stops_and_resumes(signal: i32) {
@@ -128,40 +119,56 @@ fn sigint_stops_a_sync_with_exit_3_and_the_next_run_resumes() {
     check_signal_stops_and_resumes(libc::SIGINT);
 }
 
-/// A size-limited tmpfs mounted for the test, unmounted when dropped.
-struct SmallFilesystem {
+/// A filesystem mounted for one test, unmounted when dropped. Mounting needs root, which CI
+/// and the development machines have; elsewhere the test is skipped.
+struct TestMount {
     path: PathBuf,
     _dir: tempfile::TempDir,
 }
 
-impl SmallFilesystem {
-    /// `None` where mounting is not permitted (not root), unless the suite runs as root.
-    fn mount(size: &str) -> Option<Self> {
-        Self::mount_with(&format!("size={size}"))
+impl TestMount {
+    /// A tmpfs with these mount options (`size=6m`, `ro`, `nr_inodes=16`...).
+    fn tmpfs(options: &str) -> Option<Self> {
+        Self::mount(&["-t", "tmpfs", "-o", options, "tmpfs"])
     }
 
-    fn mount_with(options: &str) -> Option<Self> {
+    /// A fresh ext2 filesystem of `size` in an image file, loop-mounted.
+    fn ext2_image(size: &str) -> Option<Self> {
+        let image = std::env::temp_dir().join(format!("hydrator-ext2-{}.img", fastrand::u64(..)));
+        let made = Command::new("mkfs.ext2")
+            .args(["-q", "-F", "-m", "0"])
+            .arg(&image)
+            .arg(size)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let mounted = Self::mount(&["-o", "loop", image.to_str().unwrap()]);
+        // The loop device keeps the image open; the file goes once it is unmounted.
+        let _ = std::fs::remove_file(&image);
+        mounted
+    }
+
+    fn mount(args: &[&str]) -> Option<Self> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("cannot mount a filesystem (not root): skipping");
+            return None;
+        }
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("fs");
         std::fs::create_dir(&path).unwrap();
-        let mounted = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", options, "tmpfs"])
+        let status = Command::new("mount")
+            .args(args)
             .arg(&path)
             .status()
-            .is_ok_and(|s| s.success());
-        // SAFETY: geteuid has no preconditions.
-        let root = unsafe { libc::geteuid() } == 0;
-        assert!(mounted || !root, "mounting a tmpfs as root failed");
-        if !mounted {
-            eprintln!("cannot mount a tmpfs (not root): skipping");
-            return None;
-        }
+            .unwrap();
+        assert!(status.success(), "mount {args:?} failed as root");
         Some(Self { path, _dir: dir })
     }
 
-    fn resize(&self, size: &str) {
+    fn remount(&self, options: &str) {
         let status = Command::new("mount")
-            .args(["-o", &format!("remount,size={size}")])
+            .args(["-o", &format!("remount,{options}")])
             .arg(&self.path)
             .status()
             .unwrap();
@@ -169,7 +176,7 @@ impl SmallFilesystem {
     }
 }
 
-impl Drop for SmallFilesystem {
+impl Drop for TestMount {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg("-l").arg(&self.path).status();
     }
@@ -177,7 +184,7 @@ impl Drop for SmallFilesystem {
 
 #[test]
 fn a_full_disk_fails_clearly_and_the_run_resumes_once_space_is_freed() {
-    let Some(fs) = SmallFilesystem::mount("6m") else {
+    let Some(fs) = TestMount::tmpfs("size=6m") else {
         return;
     };
     let server = Server::local();
@@ -205,7 +212,7 @@ fn a_full_disk_fails_clearly_and_the_run_resumes_once_space_is_freed() {
     let done_before = run.count("objects", "downloaded");
     assert!(done_before >= 1, "what fits is kept");
 
-    fs.resize("32m");
+    fs.remount("size=32m");
     let rerun = server.sync("full/", &dest, &[]);
     rerun.assert_code(0);
     assert_mirror(&dest, &expected);
@@ -392,7 +399,7 @@ fn a_server_that_accepts_but_never_answers_fails_in_bounded_time() {
 
 #[test]
 fn a_read_only_destination_is_refused_clearly() {
-    let Some(fs) = SmallFilesystem::mount_with("size=1m,ro") else {
+    let Some(fs) = TestMount::tmpfs("size=1m,ro") else {
         return;
     };
     let server = Server::local();
@@ -586,7 +593,7 @@ fn memory_stays_within_the_formula_whatever_the_object_sizes() {
 
 #[test]
 fn running_out_of_inodes_fails_clearly_and_the_run_resumes_once_there_are_more() {
-    let Some(fs) = SmallFilesystem::mount_with("size=16m,nr_inodes=16") else {
+    let Some(fs) = TestMount::tmpfs("size=16m,nr_inodes=16") else {
         return;
     };
     let server = Server::local();
@@ -603,12 +610,7 @@ fn running_out_of_inodes_fails_clearly_and_the_run_resumes_once_there_are_more()
         run.stderr()
     );
     assert!(!dest.join(".hydrator/READY").exists());
-    let status = Command::new("mount")
-        .args(["-o", "remount,nr_inodes=1000"])
-        .arg(&fs.path)
-        .status()
-        .unwrap();
-    assert!(status.success());
+    fs.remount("nr_inodes=1000");
     server.sync("inodes/", &dest, &[]).assert_code(0);
     assert_mirror(&dest, &expected);
 }
@@ -687,38 +689,10 @@ fn a_key_that_is_not_utf8_fails_the_listing_clearly() {
 fn running_out_of_space_mid_write_fails_clearly_and_the_run_resumes_once_space_is_freed() {
     // ext2 has no fallocate: space is only taken as the data is written, so the disk fills up
     // in the middle of a file rather than when it is created.
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("cannot loop-mount an image (not root): skipping");
+    let Some(fs) = TestMount::ext2_image("8M") else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let (image, mountpoint) = (dir.path().join("fs.img"), dir.path().join("fs"));
-    std::fs::create_dir(&mountpoint).unwrap();
-    let made = Command::new("mkfs.ext2")
-        .args(["-q", "-F", "-m", "0"])
-        .arg(&image)
-        .arg("8M")
-        .status()
-        .unwrap();
-    assert!(made.success());
-    let mounted = Command::new("mount")
-        .args(["-o", "loop"])
-        .arg(&image)
-        .arg(&mountpoint)
-        .status()
-        .unwrap();
-    assert!(
-        mounted.success(),
-        "loop-mounting an ext2 image as root failed"
-    );
-    struct Unmount(PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-        }
-    }
-    let _unmount = Unmount(mountpoint.clone());
+    };
+    let mountpoint = &fs.path;
     let filler = mountpoint.join("filler");
     std::fs::write(&filler, vec![0u8; 3 * MIB]).unwrap();
 

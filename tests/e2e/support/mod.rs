@@ -330,6 +330,15 @@ pub fn report_hashes(report: &serde_json::Value) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// Polls `done` every 20 ms; fails the test naming `what` if it is not true within `limit`.
+pub fn wait_until(what: &str, limit: std::time::Duration, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + limit;
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "timed out: {what}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 pub fn temp_dest() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let dest = dir.path().join("dest");
