@@ -137,7 +137,7 @@ pub struct SyncOptions {
     #[arg(long, env = "HYDRATOR_CONCURRENCY", default_value = "auto", value_parser = config::parse_concurrency)]
     pub concurrency: config::Concurrency,
     /// Part size: a power of two ≥ 1MiB (e.g. 8MiB, 16M, 1048576).
-    #[arg(long, env = "HYDRATOR_PART_SIZE", default_value = "8MiB", value_parser = config::parse_size)]
+    #[arg(long, env = "HYDRATOR_PART_SIZE", default_value = "8MiB", value_parser = crate::units::parse_size)]
     pub part_size: u64,
     /// Only paths (relative to PREFIX) matching one of these globs; repeatable, ';'-separated in the env.
     #[arg(long, env = "HYDRATOR_INCLUDE", value_delimiter = ';')]
@@ -200,7 +200,7 @@ pub struct DemoArgs {
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// Approximate size of the generated dataset.
-    #[arg(long, default_value = "256MiB", value_parser = config::parse_size)]
+    #[arg(long, default_value = "256MiB", value_parser = crate::units::parse_size)]
     pub size: u64,
     /// Write backend used by the demo's sync.
     #[arg(long, value_enum, default_value = "auto")]

@@ -3,7 +3,7 @@
 use crate::cli::{SnapshotArgs, VerifyArgs};
 use crate::config::{S3Url, SyncConfig};
 use crate::engine::{self, Outcome};
-use crate::error::{Exit, SyncError, UsageError};
+use crate::error::{Exit, IoContext, SyncError, UsageError};
 use crate::source::client;
 use crate::{snapshot, verify as check};
 
@@ -97,12 +97,11 @@ pub async fn snapshot(args: SnapshotArgs) -> Result<Exit, SyncError> {
     config.validate()?;
     let client = client::build(&config, Default::default()).await;
     let snapshot = snapshot::create(client, &url, config.endpoint.clone()).await?;
-    snapshot::write(&args.output, &snapshot)
-        .map_err(|e| SyncError::Local(format!("writing {}: {e}", args.output.display())))?;
+    snapshot::write(&args.output, &snapshot).local("writing", &args.output)?;
     println!(
         "hydrator: snapshot of {url}: {} objects ({}), digest {} written to {}",
         snapshot.objects,
-        crate::report::human_bytes(snapshot.bytes),
+        crate::units::human_bytes(snapshot.bytes),
         snapshot.digest,
         args.output.display()
     );

@@ -240,28 +240,6 @@ pub fn parse_concurrency(text: &str) -> Result<Concurrency, String> {
     }
 }
 
-/// Parses sizes such as `8388608`, `8MiB`, `8M`, `1GiB`.
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let digits_end = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(digits_end);
-    let number: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a size (examples: 8MiB, 16M, 1048576)"))?;
-    let shift = match unit.trim() {
-        "" | "B" => 0,
-        "K" | "KiB" | "k" => 10,
-        "M" | "MiB" => 20,
-        "G" | "GiB" => 30,
-        other => return Err(format!("unknown size unit {other:?} (use KiB, MiB or GiB)")),
-    };
-    number
-        .checked_mul(1 << shift)
-        .ok_or_else(|| format!("{text:?} is too large"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -283,14 +261,5 @@ mod tests {
         ] {
             assert!(S3Url::parse(bad).is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn parses_sizes() {
-        assert_eq!(parse_size("8MiB").unwrap(), 8 << 20);
-        assert_eq!(parse_size("1048576").unwrap(), 1 << 20);
-        assert_eq!(parse_size("2G").unwrap(), 2 << 30);
-        assert!(parse_size("8XB").is_err());
-        assert!(parse_size("MiB").is_err());
     }
 }

@@ -200,7 +200,7 @@ pub async fn run(catalog_path: &Path) -> Result<Exit, SyncError> {
     tracing::info!(
         "daemon ready: cache {} (quota {}), {} datasets",
         daemon.root.display(),
-        crate::report::human_bytes(daemon.catalog().cache.quota),
+        crate::units::human_bytes(daemon.catalog().cache.quota),
         daemon.catalog().datasets.len()
     );
     wait_for_stop(&daemon).await;

@@ -10,13 +10,12 @@ use std::path::PathBuf;
 use crate::cli::DemoArgs;
 use crate::config::{S3Url, SyncConfig};
 use crate::engine::{self, Outcome};
-use crate::error::{Exit, SyncError};
+use crate::error::{Exit, IoContext, SyncError};
 
 const BUCKET: &str = "demo-datasets";
 const PREFIX: &str = "imagenet-mini/";
 
 pub async fn run(args: DemoArgs) -> Result<Outcome, SyncError> {
-    let local = |what: &str, err: std::io::Error| SyncError::Local(format!("demo: {what}: {err}"));
     let temp;
     let base: PathBuf = match args.dir {
         Some(dir) => dir,
@@ -24,24 +23,27 @@ pub async fn run(args: DemoArgs) -> Result<Outcome, SyncError> {
             temp = tempfile::Builder::new()
                 .prefix("hydrator-demo-")
                 .tempdir()
-                .map_err(|e| local("creating a temporary directory", e))?;
+                .local(
+                    "demo: creating a temporary directory in",
+                    std::env::temp_dir(),
+                )?;
             temp.path().to_path_buf()
         }
     };
     let server_root = base.join("server");
     let dest = base.join("mirror");
-    std::fs::create_dir_all(&server_root).map_err(|e| local("creating the server directory", e))?;
+    std::fs::create_dir_all(&server_root).local("demo: creating", &server_root)?;
     let server = server::EmbeddedS3::start(&server_root)
         .await
-        .map_err(|e| local("starting the S3 server", e))?;
+        .local("demo: starting the S3 server in", &server_root)?;
     println!("demo: S3 server listening on {}", server.endpoint);
     let expected = dataset::seed(&server, BUCKET, PREFIX, args.size)
         .await
-        .map_err(SyncError::Local)?;
+        .map_err(SyncError::Source)?;
     println!(
         "demo: seeded s3://{BUCKET}/{PREFIX} with {} objects ({}); mirroring into {}",
         expected.len(),
-        crate::report::human_bytes(expected.iter().map(|f| f.size).sum()),
+        crate::units::human_bytes(expected.iter().map(|f| f.size).sum()),
         dest.display()
     );
     let cfg = SyncConfig {
@@ -61,13 +63,20 @@ pub async fn run(args: DemoArgs) -> Result<Outcome, SyncError> {
     let mut outcome = engine::run(cfg).await?;
     if outcome.exit == Exit::Success {
         match dataset::verify(&dest, &expected) {
-            Ok(()) => println!(
+            Ok(None) => println!(
                 "demo: re-read all {} files from {}: every byte matches the source",
                 expected.len(),
                 dest.display()
             ),
-            Err(why) => {
-                eprintln!("demo: verification failed: {why}");
+            Ok(Some(path)) => {
+                eprintln!(
+                    "demo: verification failed: {} differs from the source",
+                    path.display()
+                );
+                outcome.exit = Exit::Failed;
+            }
+            Err(err) => {
+                eprintln!("demo: verification failed: {err}");
                 outcome.exit = Exit::Failed;
             }
         }

@@ -1,5 +1,11 @@
 //! Error types of each layer and the exit codes an init container can trust.
+//!
+//! Errors keep what failed (the operation, the key or path) and the cause (the `io::Error`, the
+//! SDK's error); they become text once, through `Display`, at the edges: the log, the report's
+//! `reason`, stderr and the exit code.
 
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// Exit codes: 0 only when every object is mirrored and hashed.
@@ -32,16 +38,217 @@ impl UsageError {
     }
 }
 
+/// A local filesystem operation that failed: what was being done, to which path, and why.
+#[derive(Debug, thiserror::Error)]
+#[error("{action} {}: {source}", path.display())]
+pub struct LocalError {
+    pub action: Cow<'static, str>,
+    pub path: PathBuf,
+    #[source]
+    pub source: std::io::Error,
+}
+
+impl LocalError {
+    pub fn new(
+        action: impl Into<Cow<'static, str>>,
+        path: impl Into<PathBuf>,
+        source: std::io::Error,
+    ) -> Self {
+        Self {
+            action: action.into(),
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+/// `io_result.local("creating", &path)?`: an `io::Error` with its operation and path.
+pub trait IoContext<T> {
+    fn local(
+        self,
+        action: impl Into<Cow<'static, str>>,
+        path: impl AsRef<Path>,
+    ) -> Result<T, LocalError>;
+}
+
+impl<T> IoContext<T> for std::io::Result<T> {
+    fn local(
+        self,
+        action: impl Into<Cow<'static, str>>,
+        path: impl AsRef<Path>,
+    ) -> Result<T, LocalError> {
+        self.map_err(|source| LocalError::new(action, path.as_ref(), source))
+    }
+}
+
+/// A request to the object store that failed: the request, what the answer means, and the
+/// SDK's error (which holds the HTTP answer) as the cause.
+#[derive(Debug, thiserror::Error)]
+#[error("{request}: {kind}")]
+pub struct SourceError {
+    /// `GET KEY RANGE`, `HEAD KEY`, `listing s3://BUCKET/PREFIX/`.
+    pub request: String,
+    pub kind: SourceErrorKind,
+    #[source]
+    pub cause: Option<BoxError>,
+}
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// What an object store's answer (or its absence) means.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SourceErrorKind {
+    /// HTTP 412: the object no longer has the pinned ETag.
+    #[error("HTTP 412")]
+    Changed,
+    #[error("the bucket does not exist")]
+    NoSuchBucket,
+    #[error("the credentials were rejected ({0})")]
+    CredentialsRejected(HttpAnswer),
+    #[error("access denied ({0})")]
+    AccessDenied(HttpAnswer),
+    #[error("wrong region or endpoint for this bucket ({0})")]
+    WrongRegion(HttpAnswer),
+    #[error("object not found ({0})")]
+    NotFound(HttpAnswer),
+    /// Throttling or a server error: worth another attempt.
+    #[error("{0}")]
+    Unavailable(HttpAnswer),
+    /// Any other refusal: permanent for this request.
+    #[error("{0}")]
+    Refused(HttpAnswer),
+    #[error("timed out")]
+    Timeout,
+    #[error("no usable credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile, or web identity): {0}")]
+    NoCredentials(String),
+    #[error("connection failed: {0}")]
+    Connection(String),
+    #[error("request failed: {0}")]
+    Dispatch(String),
+    #[error("broken response: {0}")]
+    BrokenResponse(String),
+    #[error("cannot build the request: {0}")]
+    Construction(String),
+}
+
+/// What to do about a [`SourceError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Remedy {
+    /// Configuration, credentials or a missing bucket: exit 2.
+    Usage,
+    /// The object changed: start it again from its new version.
+    Restart,
+    /// Transient: throttling, 5xx, a dropped or timed-out connection.
+    Retry,
+    /// Permanent for this object (it is gone, or the server refuses it).
+    GiveUp,
+}
+
+impl SourceErrorKind {
+    pub fn remedy(&self) -> Remedy {
+        use SourceErrorKind::*;
+        match self {
+            Changed => Remedy::Restart,
+            NoSuchBucket
+            | CredentialsRejected(_)
+            | AccessDenied(_)
+            | WrongRegion(_)
+            | NoCredentials(_)
+            | Construction(_) => Remedy::Usage,
+            Unavailable(_) | Timeout | Connection(_) | Dispatch(_) | BrokenResponse(_) => {
+                Remedy::Retry
+            }
+            NotFound(_) | Refused(_) => Remedy::GiveUp,
+        }
+    }
+}
+
+impl SourceError {
+    pub fn remedy(&self) -> Remedy {
+        self.kind.remedy()
+    }
+}
+
+/// An HTTP error answer: status, S3 error code and message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpAnswer {
+    pub status: u16,
+    pub code: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for HttpAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HTTP {} {}", self.status, self.code)?;
+        if !self.message.is_empty() {
+            write!(f, ": {}", self.message)?;
+        }
+        Ok(())
+    }
+}
+
+/// Why a listing is incomplete.
+#[derive(Debug, thiserror::Error)]
+pub enum ListingError {
+    /// The first page failed for a reason worth retrying: likely nothing answers there.
+    #[error("{0} (is --endpoint-url right and the server up?)")]
+    Unreachable(SourceError),
+    #[error(transparent)]
+    Source(SourceError),
+    #[error("listing {url}: the server repeated or reordered keys ({key:?} after {last:?})")]
+    Reordered {
+        url: String,
+        key: String,
+        last: String,
+    },
+    #[error("listing {url}: the server sent continuation token {token:?} twice (a loop)")]
+    TokenLoop { url: String, token: String },
+    #[error("listing {url}: the server said the listing continues but gave no continuation token")]
+    NoContinuation { url: String },
+    #[error("listing {url}: the listing task failed")]
+    TaskFailed { url: String },
+}
+
+/// Why `warm` could not get a dataset from the node daemon.
+#[derive(Debug, thiserror::Error)]
+pub enum WarmError {
+    #[error("unexpected answer from the daemon: {0}")]
+    Answer(#[source] serde_json::Error),
+    #[error("no daemon answers at {daemon} ({why}); give --fallback SOURCE DEST to sync directly")]
+    NoDaemon { daemon: String, why: String },
+    #[error("talking to the daemon at {daemon}: {why}")]
+    Broken { daemon: String, why: String },
+    /// The daemon's own explanation of a refusal.
+    #[error("{0}")]
+    Refused(String),
+    #[error("the daemon could not hydrate {name}: {reason}")]
+    Failed { name: String, reason: String },
+    #[error("{name} is still {state} after --timeout")]
+    StillBusy { name: String, state: &'static str },
+    #[error("lease refused: {0}")]
+    LeaseRefused(String),
+}
+
 /// Why a sync as a whole could not finish.
 #[derive(Debug, thiserror::Error)]
 pub enum SyncError {
     #[error(transparent)]
     Usage(#[from] UsageError),
+    /// The object store refused the run as configured (credentials, bucket, region): exit 2.
+    #[error(transparent)]
+    Source(SourceError),
     /// The listing broke off: the set of objects is unknown, so the run cannot succeed.
     #[error("listing failed: {0}")]
-    Listing(String),
-    #[error("{0}")]
-    Local(String),
+    Listing(#[from] ListingError),
+    #[error(transparent)]
+    Local(#[from] LocalError),
+    #[error("timed out after {0:.0} s waiting for another hydrator working on this DEST (--lock-timeout)")]
+    LockTimeout(f64),
+    /// A blocking task panicked or was cancelled.
+    #[error("{0}: {1}")]
+    Task(&'static str, #[source] tokio::task::JoinError),
+    #[error(transparent)]
+    Warm(#[from] WarmError),
     /// Asked to stop (a signal) before the end; the manifest keeps what was done.
     #[error("stopped before the end; a new run resumes")]
     Stopped,
@@ -50,8 +257,12 @@ pub enum SyncError {
 impl SyncError {
     pub fn exit(&self) -> Exit {
         match self {
-            SyncError::Usage(_) => Exit::Usage,
-            SyncError::Listing(_) | SyncError::Local(_) => Exit::Failed,
+            SyncError::Usage(_) | SyncError::Source(_) => Exit::Usage,
+            SyncError::Listing(_)
+            | SyncError::Local(_)
+            | SyncError::LockTimeout(_)
+            | SyncError::Task(..)
+            | SyncError::Warm(_) => Exit::Failed,
             SyncError::Stopped => Exit::Stopped,
         }
     }
@@ -60,17 +271,130 @@ impl SyncError {
 /// Why fetching one part failed.
 #[derive(Debug, thiserror::Error)]
 pub enum PartError {
-    /// The object no longer matches the listing's ETag (HTTP 412): restart the whole object.
+    /// The object no longer matches the pinned ETag: restart the whole object.
     #[error("object changed on the server during the download")]
     Changed,
-    /// Worth another attempt: a truncated, stalled or reset body, a 5xx the SDK gave up on.
-    #[error("{0}")]
-    Retryable(String),
+    /// A request failed; its [`Remedy`] says whether another attempt can help.
+    #[error(transparent)]
+    Source(SourceError),
+    /// The body broke, stalled or did not have the announced length: worth another attempt.
+    #[error(transparent)]
+    Body(#[from] BodyError),
+    /// The server answered another range than the one asked for: another attempt cannot help.
+    #[error(transparent)]
+    Protocol(#[from] ProtocolError),
     /// The parts' CRCs do not combine to the server's full-object checksum: the bytes received
     /// are not the bytes uploaded. The object is fetched again from scratch.
-    #[error("{0}")]
-    ChecksumMismatch(String),
-    /// Another attempt cannot help (object gone, access denied, disk error).
-    #[error("{0}")]
-    Fatal(String),
+    #[error("the bytes received do not match the server's {algorithm} (expected {expected:x}, got {actual:x})")]
+    ChecksumMismatch {
+        algorithm: &'static str,
+        expected: u64,
+        actual: u64,
+    },
+    #[error("write failed: {0}")]
+    Write(#[from] WriteError),
+    #[error(transparent)]
+    Local(#[from] LocalError),
+    #[error("{last} (gave up after {attempts} attempts)")]
+    GaveUp { attempts: u32, last: Box<PartError> },
+    #[error("{0}: {1}")]
+    Task(&'static str, #[source] tokio::task::JoinError),
+}
+
+impl PartError {
+    /// Whether another attempt at the same part can succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            PartError::Source(err) => err.remedy() == Remedy::Retry,
+            PartError::Body(_) => true,
+            _ => false,
+        }
+    }
+}
+
+impl From<SourceError> for PartError {
+    fn from(err: SourceError) -> Self {
+        match err.remedy() {
+            Remedy::Restart => PartError::Changed,
+            _ => PartError::Source(err),
+        }
+    }
+}
+
+/// A part body that is not what its response announced.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error("body of {key} broke after {received} of {expected} bytes: {detail}")]
+    Broke {
+        key: String,
+        received: u64,
+        expected: u64,
+        detail: String,
+        #[source]
+        cause: BoxError,
+    },
+    #[error("body of {key} ended after {received} of {expected} bytes")]
+    Short {
+        key: String,
+        received: u64,
+        expected: u64,
+    },
+    #[error("server sent more than the {expected} bytes asked for")]
+    Long { expected: u64 },
+    #[error("body of {key} too slow: {received} bytes in {seconds:.0} s")]
+    TooSlow {
+        key: String,
+        received: u64,
+        seconds: f64,
+    },
+    #[error("asked for {expected} bytes, server announced {announced}")]
+    Announced { expected: u64, announced: i64 },
+}
+
+/// A response to a ranged GET that is not for the range asked for.
+#[derive(Debug, thiserror::Error)]
+pub enum ProtocolError {
+    #[error("malformed Content-Range {0:?}")]
+    MalformedContentRange(String),
+    #[error("asked for bytes {first}-{last}, server sent {content_range:?}")]
+    OtherRange {
+        first: u64,
+        last: u64,
+        content_range: String,
+    },
+    #[error("the server ignored the Range header (no Content-Range in the response)")]
+    RangeIgnored,
+}
+
+/// A write of received bytes that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("the destination's filesystem is full ({} free): {source}", free.map_or("?".into(), crate::units::human_bytes))]
+    Full {
+        free: Option<u64>,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Io(std::io::Error),
+    #[error("writer stopped")]
+    WriterStopped,
+}
+
+/// Why one object could not be mirrored.
+#[derive(Debug, thiserror::Error)]
+pub enum ObjectError {
+    #[error(transparent)]
+    Part(#[from] PartError),
+    #[error("the object changed on the server since the snapshot (snapshot ETag {etag})")]
+    ChangedSinceSnapshot { etag: String },
+    #[error("the object kept changing on the server ({restarts} restarts)")]
+    KeptChanging { restarts: u32 },
+    #[error(transparent)]
+    Local(#[from] LocalError),
+    /// The key cannot be a local path (`../`, absolute, NUL, too long).
+    #[error("refused: {0}")]
+    Refused(String),
+    #[error("object task failed: {0}")]
+    Task(#[source] tokio::task::JoinError),
 }

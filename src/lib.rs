@@ -22,6 +22,7 @@ pub mod report;
 pub mod signals;
 pub mod snapshot;
 pub mod source;
+pub mod units;
 pub mod verify;
 pub mod warm;
 pub mod write;

@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use crate::config::S3Url;
 use crate::error::{SyncError, UsageError};
 use crate::source::list::{self, ObjectEntry};
-use crate::write::dest::unix_nanos;
+use crate::units::unix_nanos;
 
 pub const SNAPSHOT_VERSION: u32 = 1;
 
@@ -77,7 +77,8 @@ pub async fn create(
     let listed = if list::bucket_is_versioned(&client, &url.bucket).await {
         list::list_latest_versions(&client, url).await?
     } else {
-        let mut listing = list::spawn(client, url.clone());
+        let source = Arc::new(crate::source::s3::S3Source::new(client));
+        let mut listing = list::spawn(source, url.clone());
         let mut listed = Vec::new();
         while let Some(entry) = listing.recv().await {
             listed.push(entry?);
@@ -102,7 +103,7 @@ pub async fn create(
         digest: digest(&entries),
         objects: entries.len() as u64,
         bytes: entries.iter().map(|e| e.size).sum(),
-        created_at: crate::manifest::ready::now_rfc3339(),
+        created_at: crate::units::now_rfc3339(),
         entries,
     })
 }

@@ -6,3 +6,5 @@ pub mod client;
 pub mod errors;
 pub mod fetch;
 pub mod list;
+pub mod object_source;
+pub mod s3;

@@ -9,7 +9,7 @@ use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
 
-use crate::error::{SyncError, UsageError};
+use crate::error::{IoContext, SyncError, UsageError};
 use crate::manifest::{lock, ready, Manifest};
 use crate::plan::keys::{plan_key, KeyPlan};
 use crate::write::dest::Dest;
@@ -53,10 +53,10 @@ pub async fn verify(
         .map_err(|e| UsageError::new(format!("{}: {e}", dest_path.display())))?;
     let state_dir = dest
         .state_dir()
-        .map_err(|e| SyncError::Local(format!("{}/.hydrator: {e}", dest_path.display())))?;
+        .local("opening", dest_path.join(".hydrator"))?;
     let _lock = lock::acquire(&state_dir, None).await?;
     let (source, manifest) = Manifest::open_existing(&dest)
-        .map_err(|e| SyncError::Local(format!("reading the manifest: {e}")))?
+        .local("reading the manifest in", dest_path.join(".hydrator"))?
         .ok_or_else(|| {
             UsageError::new(format!(
                 "{} has no hydrator manifest to verify against",
@@ -77,8 +77,8 @@ pub async fn verify(
         Ok(findings)
     })
     .await
-    .map_err(|e| SyncError::Local(format!("verify task: {e}")))?
-    .map_err(|e| SyncError::Local(format!("verifying: {e}")))?;
+    .map_err(|e| SyncError::Task("verify task", e))?
+    .local("verifying", dest_path)?;
     Ok((findings, source))
 }
 

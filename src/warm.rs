@@ -14,8 +14,8 @@ use hyper_util::rt::TokioIo;
 use crate::cli::WarmArgs;
 use crate::config::{S3Url, SyncConfig};
 use crate::daemon::protocol::{DatasetStatus, ErrorBody, Lease, LeaseRequest, State};
-use crate::error::{Exit, SyncError, UsageError};
-use crate::report::human_bytes;
+use crate::error::{Exit, IoContext, SyncError, UsageError, WarmError};
+use crate::units::human_bytes;
 
 const POLL_INTERVAL: Duration = Duration::from_millis(500);
 const PROGRESS_INTERVAL: Duration = Duration::from_secs(5);
@@ -129,8 +129,7 @@ fn explain(status: StatusCode, body: &[u8]) -> String {
 }
 
 fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, SyncError> {
-    serde_json::from_slice(body)
-        .map_err(|e| SyncError::Local(format!("unexpected answer from the daemon: {e}")))
+    serde_json::from_slice(body).map_err(|e| WarmError::Answer(e).into())
 }
 
 pub async fn run(args: WarmArgs) -> Result<Exit, SyncError> {
@@ -163,15 +162,17 @@ pub async fn run(args: WarmArgs) -> Result<Exit, SyncError> {
                 }
                 Ok(exit)
             }
-            None => Err(SyncError::Local(format!(
-                "no daemon answers at {} ({why}); give --fallback SOURCE DEST to sync directly",
-                args.daemon
-            ))),
+            None => Err(WarmError::NoDaemon {
+                daemon: args.daemon.clone(),
+                why,
+            }
+            .into()),
         },
-        Err(CallError::Broken(why)) => Err(SyncError::Local(format!(
-            "talking to the daemon at {}: {why}",
-            args.daemon
-        ))),
+        Err(CallError::Broken(why)) => Err(WarmError::Broken {
+            daemon: args.daemon.clone(),
+            why,
+        }
+        .into()),
         Ok(result) => result,
     }
 }
@@ -196,7 +197,8 @@ fn announce(path: &str, path_file: Option<&std::path::Path>) -> Result<(), SyncE
     let tmp = file.with_extension("tmp");
     std::fs::write(&tmp, format!("{path}\n"))
         .and_then(|()| std::fs::rename(&tmp, file))
-        .map_err(|e| SyncError::Local(format!("--path-file {}: {e}", file.display())))
+        .local("--path-file: writing", file)
+        .map_err(Into::into)
 }
 
 /// Asks, waits, leases, prints. `Err` only when the daemon could not be talked to.
@@ -218,7 +220,7 @@ async fn warm(client: &Client, args: &WarmArgs) -> Result<Result<Exit, SyncError
             StatusCode::NOT_FOUND | StatusCode::UNAUTHORIZED | StatusCode::BAD_REQUEST => {
                 return Ok(Err(UsageError::new(explain(code, &body)).into()))
             }
-            _ => return Ok(Err(SyncError::Local(explain(code, &body)))),
+            _ => return Ok(Err(WarmError::Refused(explain(code, &body)).into())),
         };
         let status = match (status.state, args.wait) {
             (State::Ready | State::Failed, _) => status,
@@ -235,15 +237,18 @@ async fn warm(client: &Client, args: &WarmArgs) -> Result<Result<Exit, SyncError
             State::Ready => {}
             State::Failed => {
                 let reason = status.reason.unwrap_or_default();
-                return Ok(Err(SyncError::Local(format!(
-                    "the daemon could not hydrate {name}: {reason}"
-                ))));
+                return Ok(Err(WarmError::Failed {
+                    name: name.clone(),
+                    reason,
+                }
+                .into()));
             }
             _ => {
-                return Ok(Err(SyncError::Local(format!(
-                    "{name} is still {} after --timeout",
-                    status.state.label()
-                ))))
+                return Ok(Err(WarmError::StillBusy {
+                    name: name.clone(),
+                    state: status.state.label(),
+                }
+                .into()))
             }
         }
         let path = status.path.clone().unwrap_or_default();
@@ -258,7 +263,7 @@ async fn warm(client: &Client, args: &WarmArgs) -> Result<Result<Exit, SyncError
                     eprintln!("hydrator: warm: lease refused ({why}); asking again");
                     continue;
                 }
-                Err(why) => return Ok(Err(SyncError::Local(format!("lease refused: {why}")))),
+                Err(why) => return Ok(Err(WarmError::LeaseRefused(why).into())),
             }
         }
         eprintln!(

@@ -172,7 +172,7 @@ pub fn parse(text: &str, env: impl Fn(&str) -> Option<String>) -> Result<Catalog
 }
 
 fn size(field: &str, text: &str, problems: &mut Vec<String>) -> u64 {
-    config::parse_size(text).unwrap_or_else(|why| {
+    crate::units::parse_size(text).unwrap_or_else(|why| {
         problems.push(format!("{field}: {why}"));
         0
     })

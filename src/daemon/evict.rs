@@ -14,7 +14,7 @@ use std::sync::Arc;
 use super::registry::{self, Flight, DAEMON_DIR};
 use super::space::{self, Candidate, Pressure};
 use super::Daemon;
-use crate::report::human_bytes;
+use crate::units::human_bytes;
 
 const TRASH: &str = "trash";
 

@@ -2,14 +2,16 @@
 //! sets look like), edge cases included (an empty file, a 1-byte file, names with spaces and
 //! unicode), with pseudo-random content from a fixed seed.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use aws_sdk_s3::primitives::ByteStream;
 use futures::{StreamExt, TryStreamExt};
 
 use super::server::EmbeddedS3;
 use crate::config::{Concurrency, S3Url, SyncConfig, DEFAULT_PART_SIZE};
+use crate::error::{IoContext, LocalError, SourceError};
 use crate::source::client;
+use crate::source::errors::classify;
 
 /// Uploads in flight while seeding.
 const UPLOADS: usize = 4;
@@ -58,7 +60,7 @@ pub async fn seed(
     bucket: &str,
     prefix: &str,
     total: u64,
-) -> Result<Vec<ExpectedFile>, String> {
+) -> Result<Vec<ExpectedFile>, SourceError> {
     let client = client::build(
         &SyncConfig {
             endpoint: Some(server.endpoint.clone()),
@@ -81,12 +83,7 @@ pub async fn seed(
         .bucket(bucket)
         .send()
         .await
-        .map_err(|e| {
-            format!(
-                "creating bucket {bucket}: {}",
-                crate::source::errors::describe_chain(&e)
-            )
-        })?;
+        .map_err(|e| classify(e, format!("creating bucket {bucket}")))?;
     futures::stream::iter(layout(total).into_iter().enumerate())
         .map(|(seed, (path, size))| {
             let client = client.clone();
@@ -100,12 +97,7 @@ pub async fn seed(
                     .body(ByteStream::from(data))
                     .send()
                     .await
-                    .map_err(|e| {
-                        format!(
-                            "uploading {path}: {}",
-                            crate::source::errors::describe_chain(&e)
-                        )
-                    })?;
+                    .map_err(|e| classify(e, format!("uploading {path}")))?;
                 Ok(ExpectedFile {
                     path,
                     size,
@@ -126,19 +118,18 @@ pub fn content(seed: u64, size: u64) -> Vec<u8> {
     data
 }
 
-/// Re-reads every file under `dest` and compares it with what was uploaded.
-pub fn verify(dest: &Path, expected: &[ExpectedFile]) -> Result<(), String> {
+/// Re-reads every file under `dest` and compares it with what was uploaded: the first file
+/// that differs, if any.
+pub fn verify(dest: &Path, expected: &[ExpectedFile]) -> Result<Option<PathBuf>, LocalError> {
     for file in expected {
         let path = dest.join(&file.path);
         let mut hasher = blake3::Hasher::new();
-        hasher
-            .update_reader(
-                std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?,
-            )
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+        std::fs::File::open(&path)
+            .and_then(|f| hasher.update_reader(f).map(drop))
+            .local("reading", &path)?;
         if hasher.finalize() != file.blake3 {
-            return Err(format!("{} differs from the source", path.display()));
+            return Ok(Some(path));
         }
     }
-    Ok(())
+    Ok(None)
 }

@@ -16,7 +16,7 @@ use super::part::{fetch_part, FetchedPart, PartTarget};
 use super::run::Ctx;
 use super::stats::Stats;
 use crate::config::MAX_OBJECT_RESTARTS;
-use crate::error::PartError;
+use crate::error::{IoContext, LocalError, ObjectError, PartError};
 use crate::hash::{merge_parts, PartDigest};
 use crate::manifest::{DurablePart, ObjectState};
 use crate::plan::keys::RelPath;
@@ -25,7 +25,8 @@ use crate::report::{FileRecord, FileStatus};
 use crate::source::checksum::{self, FullObjectChecksum};
 use crate::source::fetch::{full_object_checksum, head, PinnedObject};
 use crate::source::list::ObjectEntry;
-use crate::write::dest::{self, unix_nanos};
+use crate::units::unix_nanos;
+use crate::write::dest;
 
 /// Mirrors one listed object; the error names the reason for a person.
 ///
@@ -36,7 +37,7 @@ pub async fn mirror_object(
     entry: ObjectEntry,
     rel: RelPath,
     slot: Permit,
-) -> Result<FileRecord, String> {
+) -> Result<FileRecord, ObjectError> {
     let record = |size, hash: [u8; 32], status| FileRecord {
         key: entry.key.clone(),
         path: rel.to_string(),
@@ -44,9 +45,7 @@ pub async fn mirror_object(
         blake3: Some(crate::manifest::hex(&hash)),
         status,
     };
-    if let Some(hash) =
-        up_to_date(&ctx, &rel, &entry).map_err(|err| format!("checking {rel}: {err}"))?
-    {
+    if let Some(hash) = up_to_date(&ctx, &rel, &entry).local("checking", rel.to_string())? {
         return Ok(record(entry.size, hash, FileStatus::Skipped));
     }
     let mut object = Arc::new(PinnedObject {
@@ -65,40 +64,37 @@ pub async fn mirror_object(
                 ctx.committer
                     .publish(rel.clone(), entry.key.clone(), object.etag.clone(), hash)
                     .await
-                    .map_err(|err| format!("publishing {rel}: {err}"))?;
+                    .local("publishing", rel.to_string())?;
                 return Ok(record(
                     object.size,
                     *hash.as_bytes(),
                     FileStatus::Downloaded,
                 ));
             }
-            Err(PartError::ChecksumMismatch(why)) if restarts < MAX_OBJECT_RESTARTS => {
+            Err(err @ PartError::ChecksumMismatch { .. }) if restarts < MAX_OBJECT_RESTARTS => {
                 restarts += 1;
                 Stats::add(&ctx.stats.object_restarts, 1);
-                tracing::warn!(key = %entry.key, "{why}; fetching it again");
+                tracing::warn!(key = %entry.key, "{err}; fetching it again");
             }
             Err(PartError::Changed) if ctx.pinned => {
-                return Err(format!(
-                    "the object changed on the server since the snapshot (snapshot ETag {})",
-                    object.etag
-                ))
+                return Err(ObjectError::ChangedSinceSnapshot {
+                    etag: object.etag.clone(),
+                })
             }
             Err(PartError::Changed) if restarts < MAX_OBJECT_RESTARTS => {
                 restarts += 1;
                 Stats::add(&ctx.stats.object_restarts, 1);
                 tracing::warn!(key = %entry.key, "object changed on the server during the download; starting it again");
-                let (fresh, fresh_modified) = head(&ctx.client, &ctx.bucket, &entry.key)
-                    .await
-                    .map_err(|err| err.to_string())?;
+                let (fresh, fresh_modified) = head(&*ctx.source, &ctx.bucket, &entry.key).await?;
                 object = Arc::new(fresh);
                 modified = fresh_modified;
             }
             Err(PartError::Changed) => {
-                return Err(format!(
-                    "the object kept changing on the server ({MAX_OBJECT_RESTARTS} restarts)"
-                ))
+                return Err(ObjectError::KeptChanging {
+                    restarts: MAX_OBJECT_RESTARTS,
+                })
             }
-            Err(err) => return Err(err.to_string()),
+            Err(err) => return Err(err.into()),
         }
     }
 }
@@ -163,7 +159,7 @@ async fn download(
             if let Some(known) = resumable {
                 let reopened = dest
                     .reopen_partial(&rel, direct, size)
-                    .map_err(|e| (format!("reopening {rel}"), e))?;
+                    .local("reopening", rel.to_string())?;
                 if let Some((dir, file)) = reopened {
                     return Ok((dir, file, known.attempt, known.parts));
                 }
@@ -174,12 +170,12 @@ async fn download(
                     true => manifest.sync(),
                     false => Ok(()),
                 });
-            recorded.map_err(|e| (format!("recording {rel} in the manifest"), e))?;
+            recorded.local("recording in the manifest", rel.to_string())?;
             let (dir, file) = dest
                 .create_partial(&rel, direct)
-                .map_err(|e| (format!("creating {rel}"), e))?;
+                .local("creating", rel.to_string())?;
             dest::preallocate(&file, size)
-                .map_err(|e| (format!("reserving {size} bytes for {rel}"), e))?;
+                .local(format!("reserving {size} bytes for"), rel.to_string())?;
             Ok((dir, file, state.attempt, BTreeMap::new()))
         })
         .await?
@@ -188,9 +184,10 @@ async fn download(
     match fetch_all_parts(ctx, &object, &file, attempt, &resumed).await {
         Ok(hash) => {
             let (size, direct) = (object.size, ctx.direct_io);
+            let path = rel.to_string();
             blocking(move || {
                 finish_file(&file, size, direct, modified)
-                    .map_err(|e| (format!("finishing {size}-byte file"), e))
+                    .local(format!("finishing the {size}-byte file"), path)
             })
             .await?;
             Ok(hash)
@@ -198,15 +195,16 @@ async fn download(
         Err(err) => {
             // Keep a partial file whose durable parts a later run can resume; drop one that has
             // none or holds another version.
-            let keep = !matches!(err, PartError::Changed | PartError::ChecksumMismatch(_))
+            let keep = !matches!(err, PartError::Changed | PartError::ChecksumMismatch { .. })
                 && ctx
                     .manifest
                     .inspect(&object.key, |o| o.is_some_and(|o| !o.parts.is_empty()));
             if !keep {
                 let partial = rel.partial_name();
                 let _ = blocking(move || {
-                    let name = dest::cstring(&partial).map_err(|e| (String::new(), e))?;
-                    dest::unlink_at(&dir, &name).map_err(|e| (String::new(), e))
+                    dest::cstring(&partial)
+                        .and_then(|name| dest::unlink_at(&dir, &name))
+                        .local("removing", &partial)
                 })
                 .await;
             }
@@ -232,7 +230,7 @@ async fn fetch_all_parts(
     // A whole-object GET is checked against the server's checksum by the SDK itself.
     let expected = match whole_object {
         true => None,
-        false => full_object_checksum(&ctx.client, object).await?,
+        false => full_object_checksum(&*ctx.source, object).await?,
     };
     let mut fetched: Vec<Option<FetchedPart>> = vec![None; ranges.len()];
     let mut to_fetch = Vec::new();
@@ -270,8 +268,7 @@ async fn fetch_all_parts(
         let Some(joined) = parts.join_next().await else {
             break;
         };
-        let (index, result) =
-            joined.map_err(|err| PartError::Fatal(format!("part task failed: {err}")))?;
+        let (index, result) = joined.map_err(|err| PartError::Task("part task failed", err))?;
         let part = result.inspect_err(|_| parts.abort_all())?;
         if let PartDigest::Subtree(cv) = part.digest {
             let len = ranges[index].end - ranges[index].start;
@@ -314,11 +311,11 @@ fn check_crc(
     if actual == expected.value {
         return Ok(());
     }
-    Err(PartError::ChecksumMismatch(format!(
-        "the bytes received do not match the server's {} (expected {:x}, got {actual:x})",
-        expected.algorithm.name(),
-        expected.value
-    )))
+    Err(PartError::ChecksumMismatch {
+        algorithm: expected.algorithm.name(),
+        expected: expected.value,
+        actual,
+    })
 }
 
 fn finish_file(
@@ -338,16 +335,9 @@ fn finish_file(
 
 /// Runs filesystem work off the async threads; an error becomes fatal for the object.
 async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> Result<T, (String, std::io::Error)> + Send + 'static,
+    work: impl FnOnce() -> Result<T, LocalError> + Send + 'static,
 ) -> Result<T, PartError> {
-    tokio::task::spawn_blocking(work)
+    Ok(tokio::task::spawn_blocking(work)
         .await
-        .map_err(|err| PartError::Fatal(format!("filesystem task failed: {err}")))?
-        .map_err(|(what, err)| {
-            PartError::Fatal(if what.is_empty() {
-                err.to_string()
-            } else {
-                format!("{what}: {err}")
-            })
-        })
+        .map_err(|err| PartError::Task("filesystem task failed", err))??)
 }

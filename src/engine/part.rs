@@ -6,13 +6,14 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use tokio::sync::oneshot;
 
 use super::retry::backoff;
 use super::run::Ctx;
 use super::stats::Stats;
 use crate::config::{MAX_PART_ATTEMPTS, MIN_BODY_RATE, SLOW_BODY_GRACE};
-use crate::error::PartError;
+use crate::error::{BodyError, PartError, WriteError};
 use crate::hash::{PartDigest, PartHasher};
 use crate::source::checksum::Algorithm;
 use crate::source::errors::describe_chain;
@@ -62,166 +63,190 @@ pub struct PartTarget {
     pub crc: Option<Algorithm>,
 }
 
-/// Fetches, hashes and writes one part, retrying broken bodies. Holds a request slot throughout.
+/// Fetches, hashes and writes one part. Holds a request slot throughout.
+///
+/// A body that breaks is not fetched again from its start: the next attempt asks for the rest of
+/// the range and streams on into the same hashes. A part that is a whole object starts again
+/// instead, so that its GET stays the plain one whose checksum the client checks.
 pub async fn fetch_part(
     ctx: Arc<Ctx>,
     object: Arc<PinnedObject>,
     target: PartTarget,
 ) -> Result<FetchedPart, PartError> {
     let _slot = ctx.request_slots.acquire().await;
+    let mut stream = PartStream::new(&target);
     let mut attempt = 0;
-    loop {
-        match try_part(&ctx, &object, &target).await {
-            Err(PartError::Retryable(why)) if attempt + 1 < MAX_PART_ATTEMPTS => {
+    let result = loop {
+        match stream.fetch_rest(&ctx, &object, &target).await {
+            Ok(()) => break Ok(()),
+            Err(err) if err.is_retryable() && attempt + 1 < MAX_PART_ATTEMPTS => {
                 Stats::add(&ctx.stats.part_retries, 1);
-                tracing::debug!(key = %object.key, range = ?target.range, "retrying part: {why}");
+                tracing::debug!(key = %object.key, range = ?target.range, "retrying part: {err}");
+                if target.whole_object {
+                    stream.wait_writes().await?;
+                    stream = PartStream::new(&target);
+                }
                 tokio::time::sleep(backoff(attempt)).await;
                 attempt += 1;
             }
-            Err(PartError::Retryable(why)) => {
-                return Err(PartError::Retryable(format!(
-                    "{why} (gave up after {MAX_PART_ATTEMPTS} attempts)"
-                )))
+            Err(err) if err.is_retryable() => {
+                break Err(PartError::GaveUp {
+                    attempts: MAX_PART_ATTEMPTS,
+                    last: Box::new(err),
+                })
             }
-            result => return result,
-        }
-    }
-}
-
-async fn try_part(
-    ctx: &Ctx,
-    object: &PinnedObject,
-    target: &PartTarget,
-) -> Result<FetchedPart, PartError> {
-    let mut body = get_range(&ctx.client, object, target.range.clone()).await?;
-    let expected = target.range.end - target.range.start;
-    let mut sums = PartSums {
-        blake3: PartHasher::new(target.range.start, target.whole_object),
-        crc: target.crc.map(Algorithm::digest),
-    };
-    let mut writes = Vec::new();
-    let mut received = 0u64;
-    let mut offset = target.range.start;
-    // Taken from the pool only when bytes arrive, and handed on as soon as it is full: a part
-    // never holds a full buffer while waiting for an empty one (that could starve the pool).
-    let mut buf: Option<PooledBuf> = None;
-    // Time spent waiting for the network only: waiting for a buffer (a slow disk) is not the
-    // server's slowness.
-    let mut waited = Duration::ZERO;
-    let streamed = loop {
-        let asked = Instant::now();
-        let next = body.next().await;
-        waited += asked.elapsed();
-        let chunk = match next {
-            None => break Ok(()),
-            Some(Ok(chunk)) => chunk,
-            Some(Err(err)) => {
-                break Err(PartError::Retryable(format!(
-                    "body of {} broke after {received} of {expected} bytes: {}",
-                    object.key,
-                    describe_chain(&err)
-                )))
-            }
-        };
-        received += chunk.len() as u64;
-        Stats::add(&ctx.stats.bytes_received, chunk.len() as u64);
-        ctx.request_slots.record_received(chunk.len() as u64);
-        if received > expected {
-            break Err(PartError::Retryable(format!(
-                "server sent more than the {expected} bytes asked for"
-            )));
-        }
-        if waited > SLOW_BODY_GRACE && received < MIN_BODY_RATE * waited.as_secs() {
-            break Err(PartError::Retryable(format!(
-                "body of {} too slow: {received} bytes in {:.0} s",
-                object.key,
-                waited.as_secs_f64()
-            )));
-        }
-        let mut data = &chunk[..];
-        while !data.is_empty() {
-            let filling = match &mut buf {
-                Some(filling) => filling,
-                None => buf.insert(ctx.pool.acquire_for(target.range.end - offset).await),
-            };
-            data = &data[filling.fill_from(data)..];
-            if filling.is_full() {
-                let full = buf.take().expect("just filled");
-                offset += submit(ctx, target, &mut sums, full, offset, false, &mut writes);
-            }
+            Err(err) => break Err(err),
         }
     };
-    if streamed.is_ok() && received != expected {
-        return finish_writes(
-            &target.file,
-            writes,
-            Err(PartError::Retryable(format!(
-                "body of {} ended after {received} of {expected} bytes",
-                object.key
-            ))),
-        )
-        .await;
-    }
-    if let (Ok(()), Some(last)) = (&streamed, buf) {
-        submit(
-            ctx,
-            target,
-            &mut sums,
-            last,
-            offset,
-            target.pad_tail,
-            &mut writes,
-        );
-    }
-    finish_writes(&target.file, writes, streamed.map(|()| sums.finish())).await
+    stream.finish(&ctx, &target, result).await
 }
 
-/// Hashes `buf` and hands it to a writer; returns the number of data bytes it carries.
-fn submit(
-    ctx: &Ctx,
-    target: &PartTarget,
-    sums: &mut PartSums,
-    mut buf: PooledBuf,
-    offset: u64,
-    pad: bool,
-    writes: &mut Vec<oneshot::Receiver<std::io::Result<()>>>,
-) -> u64 {
-    sums.update(buf.as_slice());
-    let len = buf.len() as u64;
-    if pad {
-        buf.pad_for_direct_io();
-    }
-    let (done, wait) = oneshot::channel();
-    ctx.writers.writer.submit(WriteJob {
-        file: target.file.clone(),
-        offset,
-        buf,
-        done,
-    });
-    writes.push(wait);
-    len
-}
-
-/// Waits for the part's writes (also after a failure, so no stale write lands after a retry's)
-/// and turns a write error into a fatal error for the object.
-async fn finish_writes<T>(
-    file: &File,
+/// A part's progress: the bytes accepted so far, hashed and handed to writers.
+struct PartStream {
+    file: Arc<File>,
+    sums: PartSums,
     writes: Vec<oneshot::Receiver<std::io::Result<()>>>,
-    result: Result<T, PartError>,
-) -> Result<T, PartError> {
-    let mut write_error = None;
-    for wait in writes {
-        match wait.await {
-            Ok(Ok(())) => {}
-            Ok(Err(err)) => {
-                let why = dest::explain_write_error(&err, file);
-                write_error = write_error.or(Some(format!("write failed: {why}")));
-            }
-            Err(_) => write_error = write_error.or(Some("writer stopped".to_string())),
+    /// Bytes of the part accepted so far (a resumed GET asks for the rest).
+    received: u64,
+    /// File offset of the buffer being filled.
+    offset: u64,
+    /// Taken from the pool only when bytes arrive, and handed on as soon as it is full: a part
+    /// never holds a full buffer while waiting for an empty one (that could starve the pool).
+    buf: Option<PooledBuf>,
+    /// Time spent waiting for the network only: waiting for a buffer (a slow disk) is not the
+    /// server's slowness.
+    waited: Duration,
+}
+
+impl PartStream {
+    fn new(target: &PartTarget) -> Self {
+        Self {
+            file: target.file.clone(),
+            sums: PartSums {
+                blake3: PartHasher::new(target.range.start, target.whole_object),
+                crc: target.crc.map(Algorithm::digest),
+            },
+            writes: Vec::new(),
+            received: 0,
+            offset: target.range.start,
+            buf: None,
+            waited: Duration::ZERO,
         }
     }
-    match write_error {
-        Some(why) => Err(PartError::Fatal(why)),
-        None => result,
+
+    /// GETs what is missing of the part and streams it in.
+    async fn fetch_rest(
+        &mut self,
+        ctx: &Ctx,
+        object: &PinnedObject,
+        target: &PartTarget,
+    ) -> Result<(), PartError> {
+        let expected = target.range.end - target.range.start;
+        let rest = target.range.start + self.received..target.range.end;
+        let mut body = get_range(&*ctx.source, object, rest).await?;
+        loop {
+            let asked = Instant::now();
+            let next = body.next().await;
+            self.waited += asked.elapsed();
+            let chunk = match next {
+                None if self.received == expected => return Ok(()),
+                None => {
+                    return Err(BodyError::Short {
+                        key: object.key.clone(),
+                        received: self.received,
+                        expected,
+                    }
+                    .into())
+                }
+                Some(Ok(chunk)) => chunk,
+                Some(Err(cause)) => {
+                    return Err(BodyError::Broke {
+                        key: object.key.clone(),
+                        received: self.received,
+                        expected,
+                        detail: describe_chain(&*cause),
+                        cause,
+                    }
+                    .into())
+                }
+            };
+            Stats::add(&ctx.stats.bytes_received, chunk.len() as u64);
+            ctx.request_slots.record_received(chunk.len() as u64);
+            if self.received + chunk.len() as u64 > expected {
+                return Err(BodyError::Long { expected }.into());
+            }
+            self.received += chunk.len() as u64;
+            if self.waited > SLOW_BODY_GRACE
+                && self.received < MIN_BODY_RATE * self.waited.as_secs()
+            {
+                return Err(BodyError::TooSlow {
+                    key: object.key.clone(),
+                    received: self.received,
+                    seconds: self.waited.as_secs_f64(),
+                }
+                .into());
+            }
+            let mut data = &chunk[..];
+            while !data.is_empty() {
+                let filling = match &mut self.buf {
+                    Some(filling) => filling,
+                    None => self
+                        .buf
+                        .insert(ctx.pool.acquire_for(target.range.end - self.offset).await),
+                };
+                data = &data[filling.fill_from(data)..];
+                if filling.is_full() {
+                    let full = self.buf.take().expect("just filled");
+                    self.submit(ctx, full, false);
+                }
+            }
+        }
+    }
+
+    /// Hashes `buf` and hands it to a writer.
+    fn submit(&mut self, ctx: &Ctx, mut buf: PooledBuf, pad: bool) {
+        self.sums.update(buf.as_slice());
+        let len = buf.len() as u64;
+        if pad {
+            buf.pad_for_direct_io();
+        }
+        let (done, wait) = oneshot::channel();
+        ctx.writers.writer.submit(WriteJob {
+            file: self.file.clone(),
+            offset: self.offset,
+            buf,
+            done,
+        });
+        self.writes.push(wait);
+        self.offset += len;
+    }
+
+    /// Writes the last buffer of a complete part, waits for all its writes (also after a
+    /// failure, so no stale write lands after a retry's) and returns its sums.
+    async fn finish(
+        mut self,
+        ctx: &Ctx,
+        target: &PartTarget,
+        result: Result<(), PartError>,
+    ) -> Result<FetchedPart, PartError> {
+        if let (Ok(()), Some(last)) = (&result, self.buf.take()) {
+            self.submit(ctx, last, target.pad_tail);
+        }
+        self.wait_writes().await?;
+        result.map(|()| self.sums.finish())
+    }
+
+    /// Waits for the writes handed on so far; a write error is fatal for the object.
+    async fn wait_writes(&mut self) -> Result<(), WriteError> {
+        let mut write_error = None;
+        for wait in self.writes.drain(..) {
+            let failed = match wait.await {
+                Ok(Ok(())) => continue,
+                Ok(Err(err)) => dest::write_error(err, &self.file),
+                Err(_) => WriteError::WriterStopped,
+            };
+            write_error.get_or_insert(failed);
+        }
+        write_error.map_or(Ok(()), Err)
     }
 }

@@ -9,7 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use super::stats::Stats;
 use crate::config::{ProgressMode, PROGRESS_LOG_INTERVAL};
-use crate::report::human_bytes;
+use crate::units::human_bytes;
 
 const BAR_TICK: Duration = Duration::from_millis(150);
 

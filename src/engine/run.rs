@@ -16,7 +16,7 @@ use super::stats::Stats;
 use crate::config::{
     Concurrency, SyncConfig, BUFFERS_PER_REQUEST, SPARE_BUFFERS, WRITE_BUFFER_SIZE,
 };
-use crate::error::{Exit, SyncError, UsageError};
+use crate::error::{Exit, IoContext, LocalError, ObjectError, SyncError, UsageError};
 use crate::manifest::ready::{self, Ready};
 use crate::manifest::{journal, lock, Manifest};
 use crate::plan::filter::KeyFilter;
@@ -25,6 +25,8 @@ use crate::report::{
     ByteCounts, Failure, FileRecord, FileStatus, ObjectCounts, ReportSink, Summary, REPORT_VERSION,
 };
 use crate::snapshot;
+use crate::source::object_source::ObjectSource;
+use crate::source::s3::S3Source;
 use crate::source::{client, list};
 use crate::write::buffer::BufferPool;
 use crate::write::commit::Committer;
@@ -37,7 +39,7 @@ const MAX_REPORTED_FAILURES: usize = 10_000;
 
 /// What object and part tasks share.
 pub struct Ctx {
-    pub client: aws_sdk_s3::Client,
+    pub source: Arc<dyn ObjectSource>,
     pub bucket: String,
     pub part_size: u64,
     pub direct_io: bool,
@@ -133,22 +135,15 @@ pub async fn run_with(cfg: SyncConfig, hooks: Hooks) -> Result<Outcome, SyncErro
         ))
     })?;
     let writers = Writers::start(cfg.io_backend)?;
-    let manifest = Manifest::open(&dest, &cfg.source_info()).map_err(|err| {
-        SyncError::Local(format!(
-            "opening the manifest in {}/.hydrator: {err}",
-            cfg.dest.display()
-        ))
-    })?;
-    ready::remove(&state_dir).map_err(|err| SyncError::Local(format!("removing READY: {err}")))?;
+    let state_path = cfg.dest.join(".hydrator");
+    let manifest =
+        Manifest::open(&dest, &cfg.source_info()).local("opening the manifest in", &state_path)?;
+    ready::remove(&state_dir).local("removing READY from", &state_path)?;
     tracing::info!(backend = %writers.backend, "writing with {}", writers.backend);
     let dest = Arc::new(dest);
     let manifest = Arc::new(manifest);
-    let local = |what: &str, err: std::io::Error| {
-        SyncError::Local(format!("{what} in {}: {err}", cfg.dest.display()))
-    };
-    let checkpoints = Arc::new(Checkpoints::new(&dest).map_err(|e| local("opening DEST", e))?);
-    let committer =
-        Committer::start(dest.clone(), manifest.clone()).map_err(|e| local("opening DEST", e))?;
+    let checkpoints = Arc::new(Checkpoints::new(&dest).local("opening", &cfg.dest)?);
+    let committer = Committer::start(dest.clone(), manifest.clone()).local("opening", &cfg.dest)?;
     let checkpointer = checkpoint::spawn(checkpoints.clone(), manifest.clone());
     let stats = hooks.stats;
     let (budget, controller) = match hooks.budget {
@@ -157,7 +152,9 @@ pub async fn run_with(cfg: SyncConfig, hooks: Hooks) -> Result<Outcome, SyncErro
     };
     let request_slots = budget.slots;
     let ctx = Arc::new(Ctx {
-        client: client::build(&cfg, request_slots.responses.clone()).await,
+        source: Arc::new(S3Source::new(
+            client::build(&cfg, request_slots.responses.clone()).await,
+        )),
         bucket: cfg.source.bucket.clone(),
         part_size: cfg.part_size,
         direct_io: cfg.direct_io,
@@ -183,7 +180,7 @@ pub async fn run_with(cfg: SyncConfig, hooks: Hooks) -> Result<Outcome, SyncErro
 
     let mut listing = match &cfg.snapshot {
         Some(snapshot) => snapshot::spawn_entries(snapshot.clone()),
-        None => list::spawn(ctx.client.clone(), cfg.source.clone()),
+        None => list::spawn(ctx.source.clone(), cfg.source.clone()),
     };
     let mut tasks = JoinSet::new();
     loop {
@@ -207,7 +204,7 @@ pub async fn run_with(cfg: SyncConfig, hooks: Hooks) -> Result<Outcome, SyncErro
             KeyPlan::DirectoryMarker => Stats::add(&stats.directory_markers, 1),
             KeyPlan::Refused(why) => {
                 Stats::add(&stats.bytes_listed, entry.size);
-                tally.failed(entry.key, format!("refused: {why}"));
+                tally.failed(entry.key, ObjectError::Refused(why));
             }
             KeyPlan::File(rel) if !filter.accepts(&rel.to_string()) => {
                 Stats::add(&stats.objects_filtered, 1)
@@ -268,7 +265,8 @@ pub async fn run_with(cfg: SyncConfig, hooks: Hooks) -> Result<Outcome, SyncErro
         tracing::warn!("recording the last durable parts failed: {err}");
     }
     if let (None, Some(err)) = (&fatal, sink_error) {
-        fatal = Some(SyncError::Local(format!("writing the report spool: {err}")));
+        let report = cfg.report.clone().unwrap_or_default();
+        fatal = Some(LocalError::new("writing the report spool for", report, err).into());
     }
     let any_failed = Stats::get(&stats.objects_failed) > 0;
     if cfg.delete && any_failed {
@@ -279,13 +277,17 @@ pub async fn run_with(cfg: SyncConfig, hooks: Hooks) -> Result<Outcome, SyncErro
             Ok(removed) => stats
                 .files_deleted
                 .store(removed, std::sync::atomic::Ordering::Relaxed),
-            Err(err) => fatal = Some(SyncError::Local(format!("--delete: {err}"))),
+            Err(err) => {
+                fatal = Some(
+                    LocalError::new("--delete: removing unlisted files in", &cfg.dest, err).into(),
+                )
+            }
         }
     }
     let failed = Stats::get(&stats.objects_failed);
     if fatal.is_none() && failed == 0 {
         if let Err(err) = write_ready(&cfg, &state_dir, &manifest) {
-            fatal = Some(SyncError::Local(format!("writing READY: {err}")));
+            fatal = Some(LocalError::new("writing READY in", &state_path, err).into());
         }
     }
     if let Err(err) = manifest.compact_if_grown() {
@@ -392,7 +394,7 @@ fn write_ready(cfg: &SyncConfig, state_dir: &OwnedFd, manifest: &Manifest) -> st
             snapshot: cfg.snapshot.as_ref().map(|s| s.digest.clone()),
             include: cfg.include.clone(),
             exclude: cfg.exclude.clone(),
-            completed_at: ready::now_rfc3339(),
+            completed_at: crate::units::now_rfc3339(),
         },
     )
 }
@@ -457,13 +459,13 @@ struct Tally<'a> {
 impl Tally<'_> {
     fn joined(
         &mut self,
-        joined: Result<(String, Result<FileRecord, String>), tokio::task::JoinError>,
+        joined: Result<(String, Result<FileRecord, ObjectError>), tokio::task::JoinError>,
     ) {
         match joined {
             Ok((_, Ok(record))) => self.done(record),
-            Ok((key, Err(why))) => self.failed(key, why),
+            Ok((key, Err(err))) => self.failed(key, err),
             Err(err) if err.is_cancelled() => {}
-            Err(err) => self.failed("(unknown)".into(), format!("object task failed: {err}")),
+            Err(err) => self.failed("(unknown)".into(), ObjectError::Task(err)),
         }
     }
 
@@ -481,11 +483,14 @@ impl Tally<'_> {
         }
     }
 
-    fn failed(&mut self, key: String, reason: String) {
-        tracing::error!(key = %key, "failed: {reason}");
+    fn failed(&mut self, key: String, err: ObjectError) {
+        tracing::error!(key = %key, "failed: {err}");
         Stats::add(&self.stats.objects_failed, 1);
         if self.failures.len() < MAX_REPORTED_FAILURES {
-            self.failures.push(Failure { key, reason });
+            self.failures.push(Failure {
+                key,
+                reason: err.to_string(),
+            });
         }
     }
 }

@@ -6,7 +6,7 @@ use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-use crate::error::SyncError;
+use crate::error::{IoContext, SyncError};
 use crate::write::dest;
 
 const LOCK: &str = "lock";
@@ -23,7 +23,7 @@ pub async fn acquire(
     timeout: Option<Duration>,
 ) -> Result<DestLock, SyncError> {
     let file = dest::open_in(state_dir, LOCK, libc::O_RDWR | libc::O_CREAT)
-        .map_err(|err| SyncError::Local(format!("opening the lock file: {err}")))?;
+        .local("opening the lock file", ".hydrator/lock")?;
     let started = Instant::now();
     let mut told = false;
     loop {
@@ -39,17 +39,14 @@ pub async fn acquire(
         }
         let err = std::io::Error::last_os_error();
         if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
-            return Err(SyncError::Local(format!("locking DEST: {err}")));
+            return Err(Err(err).local("locking", ".hydrator/lock")?);
         }
         if !told {
             tracing::info!("another hydrator is working on this DEST; waiting for it to finish");
             told = true;
         }
         if timeout.is_some_and(|t| started.elapsed() >= t) {
-            return Err(SyncError::Local(format!(
-                "timed out after {:.0} s waiting for another hydrator working on this DEST (--lock-timeout)",
-                started.elapsed().as_secs_f64()
-            )));
+            return Err(SyncError::LockTimeout(started.elapsed().as_secs_f64()));
         }
         tokio::time::sleep(POLL).await;
     }

@@ -74,13 +74,6 @@ pub fn read(state_dir: &OwnedFd) -> Option<Ready> {
     serde_json::from_str(&text).ok()
 }
 
-/// Now, as RFC 3339.
-pub fn now_rfc3339() -> String {
-    aws_smithy_types::DateTime::from(std::time::SystemTime::now())
-        .fmt(aws_smithy_types::date_time::Format::DateTime)
-        .unwrap_or_default()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

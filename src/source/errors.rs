@@ -1,86 +1,59 @@
-//! Maps S3 SDK errors to what hydrator does about them: stop with a usage error, restart the
-//! object, retry the part, or give up on the object.
+//! The one place where S3 SDK errors are classified into [`SourceErrorKind`]s, each with its
+//! [`Remedy`](crate::error::Remedy): stop with a usage error, restart the object, retry the part,
+//! or give up on the object.
 
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 
-/// What an S3 error means for the caller.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Classified {
-    /// Configuration, credentials or a missing bucket: exit 2.
-    Usage(String),
-    /// HTTP 412: the object no longer has the pinned ETag.
-    Changed,
-    /// Transient: throttling, 5xx, a dropped or timed-out connection.
-    Retryable(String),
-    /// Permanent for this object (it is gone, or access to it is denied).
-    Fatal(String),
-}
+use crate::error::{HttpAnswer, SourceError, SourceErrorKind};
 
-pub fn classify<E, R>(err: &SdkError<E, R>, what: &str) -> Classified
+/// The SDK's error for `request`, classified; the SDK error is kept as the cause.
+pub fn classify<E, R>(err: SdkError<E, R>, request: impl Into<String>) -> SourceError
 where
-    E: ProvideErrorMetadata + std::error::Error + 'static,
-    R: std::fmt::Debug + HasStatus,
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug + HasStatus + Send + Sync + 'static,
 {
-    match err {
-        SdkError::ServiceError(service) => {
-            let status = service.raw().status_code();
-            let code = service.err().code().unwrap_or("");
-            let message = service.err().message().unwrap_or("");
-            classify_status(status, code, message, what)
-        }
-        SdkError::TimeoutError(_) => Classified::Retryable(format!("{what}: timed out")),
+    let kind = match &err {
+        SdkError::ServiceError(service) => classify_status(HttpAnswer {
+            status: service.raw().status_code(),
+            code: service.err().code().unwrap_or("").to_string(),
+            message: service.err().message().unwrap_or("").to_string(),
+        }),
+        SdkError::TimeoutError(_) => SourceErrorKind::Timeout,
         SdkError::DispatchFailure(failure)
-            if failure.as_connector_error().is_some_and(|e| caused_by_credentials(e)) =>
+            if failure
+                .as_connector_error()
+                .is_some_and(|e| caused_by_credentials(e)) =>
         {
-            Classified::Usage(format!(
-            "{what}: no usable credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile, or web identity): {}",
-            describe_chain(err)
-        ))
+            SourceErrorKind::NoCredentials(describe_chain(&err))
         }
-        SdkError::DispatchFailure(failure) => {
-            let detail = describe_chain(err);
-            if failure.is_io() || failure.is_timeout() {
-                Classified::Retryable(format!("{what}: connection failed: {detail}"))
-            } else {
-                Classified::Retryable(format!("{what}: request failed: {detail}"))
-            }
+        SdkError::DispatchFailure(failure) if failure.is_io() || failure.is_timeout() => {
+            SourceErrorKind::Connection(describe_chain(&err))
         }
-        SdkError::ResponseError(_) => {
-            Classified::Retryable(format!("{what}: broken response: {}", describe_chain(err)))
-        }
-        SdkError::ConstructionFailure(_) => Classified::Usage(format!(
-            "{what}: cannot build the request: {}",
-            describe_chain(err)
-        )),
-        _ => Classified::Retryable(format!("{what}: {}", describe_chain(err))),
+        SdkError::DispatchFailure(_) => SourceErrorKind::Dispatch(describe_chain(&err)),
+        SdkError::ResponseError(_) => SourceErrorKind::BrokenResponse(describe_chain(&err)),
+        SdkError::ConstructionFailure(_) => SourceErrorKind::Construction(describe_chain(&err)),
+        _ => SourceErrorKind::Dispatch(describe_chain(&err)),
+    };
+    SourceError {
+        request: request.into(),
+        kind,
+        cause: Some(Box::new(err)),
     }
 }
 
-fn classify_status(status: u16, code: &str, message: &str, what: &str) -> Classified {
-    let detail = if message.is_empty() {
-        format!("HTTP {status} {code}")
-    } else {
-        format!("HTTP {status} {code}: {message}")
-    };
-    match (status, code) {
-        (412, _) => Classified::Changed,
-        (_, "NoSuchBucket") => Classified::Usage(format!("{what}: the bucket does not exist")),
+fn classify_status(answer: HttpAnswer) -> SourceErrorKind {
+    use SourceErrorKind::*;
+    match (answer.status, answer.code.as_str()) {
+        (412, _) => Changed,
+        (_, "NoSuchBucket") => NoSuchBucket,
         (_, "InvalidAccessKeyId" | "SignatureDoesNotMatch" | "InvalidToken" | "ExpiredToken") => {
-            Classified::Usage(format!("{what}: the credentials were rejected ({detail})"))
+            CredentialsRejected(answer)
         }
-        (_, "AccessDenied") | (403, _) => {
-            Classified::Usage(format!("{what}: access denied ({detail})"))
-        }
-        (_, "PermanentRedirect" | "AuthorizationHeaderMalformed") | (301, _) => Classified::Usage(
-            format!("{what}: wrong region or endpoint for this bucket ({detail})"),
-        ),
-        (404, _) | (_, "NoSuchKey") => {
-            Classified::Fatal(format!("{what}: object not found ({detail})"))
-        }
-        (429 | 500..=599, _) | (_, "SlowDown" | "RequestTimeout") => {
-            Classified::Retryable(format!("{what}: {detail}"))
-        }
-        _ => Classified::Fatal(format!("{what}: {detail}")),
+        (_, "AccessDenied") | (403, _) => AccessDenied(answer),
+        (_, "PermanentRedirect" | "AuthorizationHeaderMalformed") | (301, _) => WrongRegion(answer),
+        (404, _) | (_, "NoSuchKey") => NotFound(answer),
+        (429 | 500..=599, _) | (_, "SlowDown" | "RequestTimeout") => Unavailable(answer),
+        _ => Refused(answer),
     }
 }
 

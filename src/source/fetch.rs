@@ -6,13 +6,9 @@
 
 use std::ops::Range;
 
-use aws_sdk_s3::primitives::ByteStream;
-
-use aws_sdk_s3::types::ChecksumMode;
-
-use super::checksum::{full_object, FullObjectChecksum};
-use super::errors::{classify, Classified};
-use crate::error::PartError;
+use super::checksum::FullObjectChecksum;
+use super::object_source::{Body, ObjectRef, ObjectSource};
+use crate::error::{BodyError, PartError, ProtocolError};
 
 /// The object a part belongs to, as the listing (or a restart's HEAD) saw it.
 #[derive(Clone, Debug)]
@@ -25,41 +21,32 @@ pub struct PinnedObject {
     pub version_id: Option<String>,
 }
 
+impl PinnedObject {
+    fn as_ref(&self) -> ObjectRef<'_> {
+        ObjectRef {
+            bucket: &self.bucket,
+            key: &self.key,
+            version_id: self.version_id.as_deref(),
+            etag: &self.etag,
+        }
+    }
+}
+
 /// Sends a ranged GET for `range` of `object` and returns the body once the response headers
 /// prove it is exactly that range of that version.
 pub async fn get_range(
-    client: &aws_sdk_s3::Client,
+    source: &dyn ObjectSource,
     object: &PinnedObject,
     range: Range<u64>,
-) -> Result<ByteStream, PartError> {
-    let mut request = client
-        .get_object()
-        .bucket(&object.bucket)
-        .key(&object.key)
-        .set_version_id(object.version_id.clone());
-    request = if range.start == 0 && range.end == object.size {
-        // The whole object: a plain GET, for which servers send the full-object checksum, and
-        // the SDK checks the body against it.
-        request.checksum_mode(ChecksumMode::Enabled)
-    } else {
-        request.range(format!("bytes={}-{}", range.start, range.end - 1))
-    };
-    if !object.etag.is_empty() {
-        request = request.if_match(&object.etag);
-    }
-    let response = request.send().await.map_err(|err| {
-        match classify(&err, &format!("GET {} {:?}", object.key, range)) {
-            Classified::Changed => PartError::Changed,
-            Classified::Retryable(msg) => PartError::Retryable(msg),
-            Classified::Usage(msg) | Classified::Fatal(msg) => PartError::Fatal(msg),
-        }
-    })?;
-    if !object.etag.is_empty() && response.e_tag().is_some_and(|e| e != object.etag) {
+) -> Result<Body, PartError> {
+    let whole = range.start == 0 && range.end == object.size;
+    let response = source.get(object.as_ref(), range.clone(), whole).await?;
+    if !object.etag.is_empty() && response.etag.as_ref().is_some_and(|e| *e != object.etag) {
         return Err(PartError::Changed);
     }
     check_range(
-        response.content_range(),
-        response.content_length(),
+        response.content_range.as_deref(),
+        response.content_length,
         &range,
         object.size,
     )?;
@@ -68,29 +55,15 @@ pub async fn get_range(
 
 /// The server's full-object checksum of `object` at its pinned version, if it keeps one.
 pub async fn full_object_checksum(
-    client: &aws_sdk_s3::Client,
+    source: &dyn ObjectSource,
     object: &PinnedObject,
 ) -> Result<Option<FullObjectChecksum>, PartError> {
-    let mut request = client
-        .head_object()
-        .bucket(&object.bucket)
-        .key(&object.key)
-        .set_version_id(object.version_id.clone())
-        .checksum_mode(ChecksumMode::Enabled);
-    if !object.etag.is_empty() {
-        request = request.if_match(&object.etag);
-    }
-    match request.send().await {
-        Ok(head) => Ok(full_object(
-            head.checksum_type(),
-            head.checksum_crc64_nvme(),
-            head.checksum_crc32_c(),
-            head.checksum_crc32(),
-        )),
-        Err(err) => match classify(&err, &format!("HEAD {}", object.key)) {
-            Classified::Changed => Err(PartError::Changed),
+    match source.head(object.as_ref(), true).await {
+        Ok(head) => Ok(head.checksum),
+        Err(err) => match PartError::from(err) {
+            PartError::Changed => Err(PartError::Changed),
             other => {
-                tracing::debug!(key = %object.key, "no end-to-end checksum: {other:?}");
+                tracing::debug!(key = %object.key, "no end-to-end checksum: {other}");
                 Ok(None)
             }
         },
@@ -99,32 +72,25 @@ pub async fn full_object_checksum(
 
 /// Looks the object up again after it changed, to pin the new version.
 pub async fn head(
-    client: &aws_sdk_s3::Client,
+    source: &dyn ObjectSource,
     bucket: &str,
     key: &str,
 ) -> Result<(PinnedObject, Option<std::time::SystemTime>), PartError> {
-    let response = client
-        .head_object()
-        .bucket(bucket)
-        .key(key)
-        .send()
-        .await
-        .map_err(|err| match classify(&err, &format!("HEAD {key}")) {
-            Classified::Retryable(msg) => PartError::Retryable(msg),
-            Classified::Changed => PartError::Changed,
-            Classified::Usage(msg) | Classified::Fatal(msg) => PartError::Fatal(msg),
-        })?;
+    let latest = ObjectRef {
+        bucket,
+        key,
+        version_id: None,
+        etag: "",
+    };
+    let head = source.head(latest, false).await?;
     let object = PinnedObject {
         bucket: bucket.to_string(),
         key: key.to_string(),
-        etag: response.e_tag().unwrap_or_default().to_string(),
-        size: response.content_length().unwrap_or(0).max(0) as u64,
+        etag: head.etag,
+        size: head.size,
         version_id: None,
     };
-    let modified = response
-        .last_modified()
-        .and_then(|t| std::time::SystemTime::try_from(*t).ok());
-    Ok((object, modified))
+    Ok((object, head.last_modified))
 }
 
 fn check_range(
@@ -135,31 +101,31 @@ fn check_range(
 ) -> Result<(), PartError> {
     let expected_len = range.end - range.start;
     if let Some(content_range) = content_range {
-        let (start, end, total) = parse_content_range(content_range).ok_or_else(|| {
-            PartError::Fatal(format!("malformed Content-Range {content_range:?}"))
-        })?;
+        let (start, end, total) = parse_content_range(content_range)
+            .ok_or_else(|| ProtocolError::MalformedContentRange(content_range.to_string()))?;
         if total != object_size {
             return Err(PartError::Changed); // another version, whatever the ETag says
         }
         if start != range.start || end + 1 != range.end {
-            return Err(PartError::Fatal(format!(
-                "asked for bytes {}-{}, server sent {content_range:?}",
-                range.start,
-                range.end - 1
-            )));
+            return Err(ProtocolError::OtherRange {
+                first: range.start,
+                last: range.end - 1,
+                content_range: content_range.to_string(),
+            }
+            .into());
         }
     } else if range.start != 0 || range.end != object_size {
         // A 200 with the whole object is a valid answer only to a range covering all of it.
-        return Err(PartError::Fatal(
-            "the server ignored the Range header (no Content-Range in the response)".into(),
-        ));
+        return Err(ProtocolError::RangeIgnored.into());
     } else if content_length.is_some_and(|len| len as u64 != object_size) {
         return Err(PartError::Changed); // the whole object, but not of the listed size
     }
     match content_length {
-        Some(len) if len as u64 != expected_len => Err(PartError::Retryable(format!(
-            "asked for {expected_len} bytes, server announced {len}"
-        ))),
+        Some(len) if len as u64 != expected_len => Err(BodyError::Announced {
+            expected: expected_len,
+            announced: len,
+        }
+        .into()),
         _ => Ok(()),
     }
 }

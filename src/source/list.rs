@@ -8,9 +8,12 @@ use futures::FutureExt;
 
 use tokio::sync::mpsc;
 
-use super::errors::{classify, Classified};
+use std::sync::Arc;
+
+use super::errors::classify;
+use super::object_source::ObjectSource;
 use crate::config::S3Url;
-use crate::error::{SyncError, UsageError};
+use crate::error::{ListingError, Remedy, SourceError, SyncError};
 
 /// Objects buffered between the listing and the planner (a few pages).
 pub const LISTING_QUEUE: usize = 4096;
@@ -26,42 +29,33 @@ pub struct ObjectEntry {
     pub version_id: Option<String>,
 }
 
-fn listing_error<E, R>(
-    err: &aws_sdk_s3::error::SdkError<E, R>,
-    url: &S3Url,
-    first_page: bool,
-) -> SyncError
-where
-    E: aws_sdk_s3::error::ProvideErrorMetadata + std::error::Error + 'static,
-    R: std::fmt::Debug + super::errors::HasStatus,
-{
-    let what = format!("listing {url}");
-    match classify(err, &what) {
-        Classified::Usage(msg) => SyncError::Usage(UsageError::new(msg)),
-        Classified::Retryable(msg) if first_page => SyncError::Listing(format!(
-            "{msg} (is --endpoint-url right and the server up?)"
-        )),
-        Classified::Retryable(msg) | Classified::Fatal(msg) => SyncError::Listing(msg),
-        Classified::Changed => SyncError::Listing(format!("{what}: HTTP 412")),
+fn listing_error(err: SourceError, first_page: bool) -> SyncError {
+    match err.remedy() {
+        Remedy::Usage => SyncError::Source(err),
+        Remedy::Retry if first_page => ListingError::Unreachable(err).into(),
+        _ => ListingError::Source(err).into(),
     }
 }
 
 /// Starts listing `url` and returns the queue it fills. The queue ends with either the last
 /// object or one error; a queue that ends with an error means the listing is incomplete.
 pub fn spawn(
-    client: aws_sdk_s3::Client,
+    source: Arc<dyn ObjectSource>,
     url: S3Url,
 ) -> mpsc::Receiver<Result<ObjectEntry, SyncError>> {
     let (tx, rx) = mpsc::channel(LISTING_QUEUE);
     tokio::spawn(async move {
         // A panic must end the queue with an error too: a queue that just closes is complete.
-        let listed = AssertUnwindSafe(list_into(&client, &url, &tx))
+        let listed = AssertUnwindSafe(list_into(&*source, &url, &tx))
             .catch_unwind()
             .await;
         let failure = match listed {
             Ok(Ok(())) => return,
             Ok(Err(err)) => err,
-            Err(_) => SyncError::Listing(format!("listing {url}: the listing task failed")),
+            Err(_) => ListingError::TaskFailed {
+                url: url.to_string(),
+            }
+            .into(),
         };
         let _ = tx.send(Err(failure)).await;
     });
@@ -69,7 +63,7 @@ pub fn spawn(
 }
 
 async fn list_into(
-    client: &aws_sdk_s3::Client,
+    source: &dyn ObjectSource,
     url: &S3Url,
     tx: &mpsc::Sender<Result<ObjectEntry, SyncError>>,
 ) -> Result<(), SyncError> {
@@ -81,51 +75,47 @@ async fn list_into(
     let mut last_key: Option<String> = None;
     let mut tokens_seen = std::collections::HashSet::new();
     loop {
-        let page = client
-            .list_objects_v2()
-            .bucket(&url.bucket)
-            .prefix(&url.prefix)
-            .set_continuation_token(token.take())
-            .send()
+        let page = source
+            .list_page(&url.bucket, &url.prefix, token.take())
             .await
-            .map_err(|err| listing_error(&err, url, first_page))?;
+            .map_err(|err| listing_error(err, first_page))?;
         first_page = false;
-        for object in page.contents() {
-            let key = object.key().unwrap_or_default();
+        for entry in page.entries {
+            let key = entry.key.as_str();
             if let Some(last) = last_key.as_deref().filter(|last| key <= *last) {
-                return Err(SyncError::Listing(format!(
-                    "listing {url}: the server repeated or reordered keys ({key:?} after {last:?})"
-                )));
+                return Err(ListingError::Reordered {
+                    url: url.to_string(),
+                    key: key.to_string(),
+                    last: last.to_string(),
+                }
+                .into());
             }
             last_key = Some(key.to_string());
-            let entry = ObjectEntry {
-                key: key.to_string(),
-                size: object.size().unwrap_or(0).max(0) as u64,
-                etag: object.e_tag().unwrap_or_default().to_string(),
-                last_modified: object
-                    .last_modified()
-                    .and_then(|t| SystemTime::try_from(*t).ok()),
-                version_id: None,
-            };
             if tx.send(Ok(entry)).await.is_err() {
                 return Ok(()); // the run stopped listening
             }
         }
-        if page.is_truncated() != Some(true) {
+        if !page.truncated {
             return Ok(());
         }
         // A listing that says it continues but cannot be continued is incomplete, never done.
-        match page.next_continuation_token().filter(|next| !next.is_empty()) {
-            Some(next) if !tokens_seen.insert(next.to_string()) => {
-                return Err(SyncError::Listing(format!(
-                    "listing {url}: the server sent continuation token {next:?} twice (a loop)"
-                )))
+        match page.continuation.filter(|next| !next.is_empty()) {
+            Some(next) if tokens_seen.contains(&next) => {
+                return Err(ListingError::TokenLoop {
+                    url: url.to_string(),
+                    token: next,
+                }
+                .into())
             }
-            Some(next) => token = Some(next.to_string()),
+            Some(next) => {
+                tokens_seen.insert(next.clone());
+                token = Some(next);
+            }
             None => {
-                return Err(SyncError::Listing(format!(
-                    "listing {url}: the server said the listing continues but gave no continuation token"
-                )))
+                return Err(ListingError::NoContinuation {
+                    url: url.to_string(),
+                }
+                .into())
             }
         }
     }
@@ -148,7 +138,9 @@ pub async fn list_latest_versions(
             .set_version_id_marker(version_marker.take())
             .send()
             .await
-            .map_err(|err| listing_error(&err, url, entries.is_empty()))?;
+            .map_err(|err| {
+                listing_error(classify(err, format!("listing {url}")), entries.is_empty())
+            })?;
         for version in page
             .versions()
             .iter()
@@ -170,9 +162,10 @@ pub async fn list_latest_versions(
         key_marker = page.next_key_marker().map(str::to_string);
         version_marker = page.next_version_id_marker().map(str::to_string);
         if key_marker.is_none() {
-            return Err(SyncError::Listing(format!(
-                "listing versions of {url}: the server said the listing continues but gave no marker"
-            )));
+            return Err(ListingError::NoContinuation {
+                url: url.to_string(),
+            }
+            .into());
         }
     }
 }

@@ -8,11 +8,11 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
 
 use super::buffer::DIRECT_IO_ALIGN;
+use crate::error::WriteError;
 use crate::plan::keys::{RelPath, STATE_DIR};
-use crate::report::human_bytes;
+use crate::units::human_bytes;
 
 const DIR_MODE: libc::mode_t = 0o755;
 const FILE_MODE: libc::mode_t = 0o644;
@@ -49,11 +49,6 @@ fn resumable_size(on_disk: u64, size: u64, direct_io: bool) -> bool {
 }
 
 /// Nanoseconds since the epoch, as kept in the manifest.
-pub fn unix_nanos(time: SystemTime) -> u64 {
-    time.duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
-}
-
 impl Dest {
     /// Creates DEST if needed and opens it. DEST itself may be a symlink the user chose.
     pub fn open(path: &Path) -> io::Result<Self> {
@@ -264,14 +259,14 @@ pub fn preallocate(file: &File, len: u64) -> io::Result<()> {
     }
 }
 
-/// A write error for a person: on a full filesystem, how much room is left.
-pub fn explain_write_error(err: &io::Error, file: &File) -> String {
+/// A failed write, with the room left when the filesystem is full.
+pub fn write_error(err: io::Error, file: &File) -> WriteError {
     match err.raw_os_error() {
-        Some(libc::ENOSPC) => format!(
-            "the destination's filesystem is full ({} free): {err}",
-            free_bytes(file).map_or_else(|e| format!("? ({e})"), human_bytes)
-        ),
-        _ => err.to_string(),
+        Some(libc::ENOSPC) => WriteError::Full {
+            free: free_bytes(file).ok(),
+            source: err,
+        },
+        _ => WriteError::Io(err),
     }
 }
 

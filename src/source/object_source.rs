@@ -1,0 +1,83 @@
+//! The object store as the engine sees it: a page of the listing, a HEAD and a ranged GET.
+//!
+//! The engine holds an `Arc<dyn ObjectSource>`: the S3 client in production, an in-memory store
+//! with scripted faults in the engine's unit tests. Implementations report what the server said;
+//! whether it is the object and range that were asked for is checked once, above them
+//! (`source::fetch`, `source::list`), so every implementation gets the same scrutiny.
+
+use std::ops::Range;
+use std::pin::Pin;
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::Stream;
+
+use super::checksum::FullObjectChecksum;
+use super::list::ObjectEntry;
+use crate::error::{BoxError, SourceError};
+
+/// A response body, chunk by chunk.
+pub type Body = Pin<Box<dyn Stream<Item = Result<Bytes, BoxError>> + Send>>;
+
+/// One page of a listing.
+pub struct ListPage {
+    pub entries: Vec<ObjectEntry>,
+    /// The server says the listing continues.
+    pub truncated: bool,
+    pub continuation: Option<String>,
+}
+
+/// One version of one object, as a HEAD or GET names it.
+#[derive(Clone, Copy, Debug)]
+pub struct ObjectRef<'a> {
+    pub bucket: &'a str,
+    pub key: &'a str,
+    pub version_id: Option<&'a str>,
+    /// Sent as `If-Match` when not empty.
+    pub etag: &'a str,
+}
+
+/// What a HEAD tells.
+#[derive(Clone, Debug)]
+pub struct ObjectHead {
+    pub etag: String,
+    pub size: u64,
+    pub last_modified: Option<SystemTime>,
+    /// The server's full-object checksum, when it keeps one.
+    pub checksum: Option<FullObjectChecksum>,
+}
+
+/// The headers of a GET that matter, and its body.
+pub struct GetResponse {
+    pub etag: Option<String>,
+    pub content_range: Option<String>,
+    pub content_length: Option<i64>,
+    pub body: Body,
+}
+
+pub trait ObjectSource: Send + Sync + 'static {
+    /// The page of `prefix`'s listing that starts at `continuation`.
+    fn list_page<'a>(
+        &'a self,
+        bucket: &'a str,
+        prefix: &'a str,
+        continuation: Option<String>,
+    ) -> BoxFuture<'a, Result<ListPage, SourceError>>;
+
+    /// HEAD of `object`, with its full-object checksum when `checksum` is asked for.
+    fn head<'a>(
+        &'a self,
+        object: ObjectRef<'a>,
+        checksum: bool,
+    ) -> BoxFuture<'a, Result<ObjectHead, SourceError>>;
+
+    /// GET of `range` of `object`; the whole object (with the server's checksum checked by the
+    /// client where it can) when `range` covers it all.
+    fn get<'a>(
+        &'a self,
+        object: ObjectRef<'a>,
+        range: Range<u64>,
+        whole: bool,
+    ) -> BoxFuture<'a, Result<GetResponse, SourceError>>;
+}
