@@ -12,6 +12,7 @@
 
 pub mod adaptive;
 mod checkpoint;
+mod context;
 mod limits;
 mod object;
 mod part;
@@ -19,5 +20,7 @@ pub mod progress;
 mod retry;
 mod run;
 pub mod stats;
+#[cfg(test)]
+mod tests;
 
 pub use run::{run, run_with, Budget, Hooks, Outcome};

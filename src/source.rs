@@ -6,5 +6,7 @@ pub mod client;
 pub mod errors;
 pub mod fetch;
 pub mod list;
+#[cfg(test)]
+pub mod memory;
 pub mod object_source;
 pub mod s3;

@@ -195,6 +195,7 @@ async fn hydrate(
         budget: Some(daemon.budget.clone()),
         stats: flight.stats.clone(),
         stop: Some(daemon.stop.subscribe()),
+        source: None,
     };
     let outcome = engine::run_with(cfg, hooks)
         .await

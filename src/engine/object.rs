@@ -12,8 +12,8 @@ use std::time::SystemTime;
 use super::adaptive::Permit;
 use tokio::task::JoinSet;
 
+use super::context::Ctx;
 use super::part::{fetch_part, FetchedPart, PartTarget};
-use super::run::Ctx;
 use super::stats::Stats;
 use crate::config::MAX_OBJECT_RESTARTS;
 use crate::error::{IoContext, LocalError, ObjectError, PartError};
@@ -49,7 +49,7 @@ pub async fn mirror_object(
         return Ok(record(entry.size, hash, FileStatus::Skipped));
     }
     let mut object = Arc::new(PinnedObject {
-        bucket: ctx.bucket.clone(),
+        bucket: ctx.fetch.bucket.clone(),
         key: entry.key.clone(),
         etag: entry.etag.clone(),
         size: entry.size,
@@ -61,7 +61,8 @@ pub async fn mirror_object(
         match download(&ctx, object.clone(), &rel, modified).await {
             Ok(hash) => {
                 drop(slot);
-                ctx.committer
+                ctx.write
+                    .committer
                     .publish(rel.clone(), entry.key.clone(), object.etag.clone(), hash)
                     .await
                     .local("publishing", rel.to_string())?;
@@ -73,19 +74,20 @@ pub async fn mirror_object(
             }
             Err(err @ PartError::ChecksumMismatch { .. }) if restarts < MAX_OBJECT_RESTARTS => {
                 restarts += 1;
-                Stats::add(&ctx.stats.object_restarts, 1);
+                Stats::add(&ctx.fetch.stats.object_restarts, 1);
                 tracing::warn!(key = %entry.key, "{err}; fetching it again");
             }
-            Err(PartError::Changed) if ctx.pinned => {
+            Err(PartError::Changed) if ctx.fetch.pinned => {
                 return Err(ObjectError::ChangedSinceSnapshot {
                     etag: object.etag.clone(),
                 })
             }
             Err(PartError::Changed) if restarts < MAX_OBJECT_RESTARTS => {
                 restarts += 1;
-                Stats::add(&ctx.stats.object_restarts, 1);
+                Stats::add(&ctx.fetch.stats.object_restarts, 1);
                 tracing::warn!(key = %entry.key, "object changed on the server during the download; starting it again");
-                let (fresh, fresh_modified) = head(&*ctx.source, &ctx.bucket, &entry.key).await?;
+                let (fresh, fresh_modified) =
+                    head(&*ctx.fetch.source, &ctx.fetch.bucket, &entry.key).await?;
                 object = Arc::new(fresh);
                 modified = fresh_modified;
             }
@@ -102,7 +104,7 @@ pub async fn mirror_object(
 /// The file's hash when the manifest says it is published at this version and the file on disk
 /// is still the one published (size, mtime and inode unchanged).
 fn up_to_date(ctx: &Ctx, rel: &RelPath, entry: &ObjectEntry) -> std::io::Result<Option<[u8; 32]>> {
-    let done = ctx.manifest.inspect(&entry.key, |known| {
+    let done = ctx.write.manifest.inspect(&entry.key, |known| {
         known
             .filter(|k| k.etag == entry.etag && k.size == entry.size && rel.is(&k.path))
             .and_then(|k| k.complete)
@@ -110,13 +112,13 @@ fn up_to_date(ctx: &Ctx, rel: &RelPath, entry: &ObjectEntry) -> std::io::Result<
     let Some(done) = done else {
         return Ok(None);
     };
-    let Some(stat) = ctx.dest.stat_final(rel)? else {
+    let Some(stat) = ctx.write.dest.stat_final(rel)? else {
         return Ok(None);
     };
     if stat.size != entry.size || stat.inode != done.inode || stat.mtime_ns != done.mtime_ns {
         return Ok(None);
     }
-    ctx.manifest.mark_seen(&entry.key);
+    ctx.write.manifest.mark_seen(&entry.key);
     Ok(Some(done.blake3))
 }
 
@@ -131,13 +133,13 @@ async fn download(
         size: object.size,
         etag: object.etag.clone(),
         last_modified_ns: modified.map(unix_nanos),
-        part_size: ctx.part_size,
+        part_size: ctx.fetch.part_size,
         attempt: fastrand::u64(..),
         parts: BTreeMap::new(),
         complete: None,
         seen: false,
     };
-    let known = ctx.manifest.lookup(&object.key);
+    let known = ctx.write.manifest.lookup(&object.key);
     // Durable parts of another attempt must be voided, durably, before their partial file is
     // replaced: otherwise a crash could leave them describing a new, still empty file.
     let stale_parts = known.as_ref().is_some_and(|k| !k.parts.is_empty());
@@ -149,12 +151,12 @@ async fn download(
     });
     let (dir, file, attempt, resumed) = {
         let (dest, manifest, rel, key) = (
-            ctx.dest.clone(),
-            ctx.manifest.clone(),
+            ctx.write.dest.clone(),
+            ctx.write.manifest.clone(),
             rel.clone(),
             object.key.clone(),
         );
-        let (size, direct) = (object.size, ctx.direct_io);
+        let (size, direct) = (object.size, ctx.write.direct_io);
         blocking(move || {
             if let Some(known) = resumable {
                 let reopened = dest
@@ -183,7 +185,7 @@ async fn download(
     let file = Arc::new(file);
     match fetch_all_parts(ctx, &object, &file, attempt, &resumed).await {
         Ok(hash) => {
-            let (size, direct) = (object.size, ctx.direct_io);
+            let (size, direct) = (object.size, ctx.write.direct_io);
             let path = rel.to_string();
             blocking(move || {
                 finish_file(&file, size, direct, modified)
@@ -197,6 +199,7 @@ async fn download(
             // none or holds another version.
             let keep = !matches!(err, PartError::Changed | PartError::ChecksumMismatch { .. })
                 && ctx
+                    .write
                     .manifest
                     .inspect(&object.key, |o| o.is_some_and(|o| !o.parts.is_empty()));
             if !keep {
@@ -225,12 +228,12 @@ async fn fetch_all_parts(
     if object.size == 0 {
         return Ok(blake3::hash(b""));
     }
-    let ranges: Vec<_> = part_ranges(object.size, ctx.part_size).collect();
+    let ranges: Vec<_> = part_ranges(object.size, ctx.fetch.part_size).collect();
     let whole_object = ranges.len() == 1;
     // A whole-object GET is checked against the server's checksum by the SDK itself.
     let expected = match whole_object {
         true => None,
-        false => full_object_checksum(&*ctx.source, object).await?,
+        false => full_object_checksum(&*ctx.fetch.source, object).await?,
     };
     let mut fetched: Vec<Option<FetchedPart>> = vec![None; ranges.len()];
     let mut to_fetch = Vec::new();
@@ -241,7 +244,7 @@ async fn fetch_all_parts(
                     digest: PartDigest::Subtree(part.cv),
                     crc: part.crc,
                 });
-                Stats::add(&ctx.stats.bytes_resumed, range.end - range.start);
+                Stats::add(&ctx.fetch.stats.bytes_resumed, range.end - range.start);
             }
             _ => to_fetch.push((index, range)),
         }
@@ -251,11 +254,11 @@ async fn fetch_all_parts(
     let mut to_fetch = to_fetch.into_iter();
     let mut parts = JoinSet::new();
     loop {
-        if parts.len() < ctx.request_slots.max() {
+        if parts.len() < ctx.fetch.request_slots.max() {
             if let Some((index, range)) = to_fetch.next() {
                 let target = PartTarget {
                     file: file.clone(),
-                    pad_tail: ctx.direct_io && range.end == object.size,
+                    pad_tail: ctx.write.direct_io && range.end == object.size,
                     range,
                     whole_object,
                     crc: expected.map(|e| e.algorithm),
@@ -273,7 +276,8 @@ async fn fetch_all_parts(
         if let PartDigest::Subtree(cv) = part.digest {
             let len = ranges[index].end - ranges[index].start;
             let durable = DurablePart { cv, crc: part.crc };
-            ctx.checkpoints
+            ctx.write
+                .checkpoints
                 .part_written(&object.key, attempt, index as u32, durable, len);
         }
         fetched[index] = Some(part);
@@ -286,7 +290,7 @@ async fn fetch_all_parts(
         check_crc(expected, &fetched, &ranges, &object.key)?;
     }
     let digests: Vec<PartDigest> = fetched.iter().map(|p| p.digest).collect();
-    Ok(merge_parts(&digests, object.size, ctx.part_size))
+    Ok(merge_parts(&digests, object.size, ctx.fetch.part_size))
 }
 
 fn check_crc(

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use tokio::sync::oneshot;
 
+use super::context::Ctx;
 use super::retry::backoff;
-use super::run::Ctx;
 use super::stats::Stats;
 use crate::config::{MAX_PART_ATTEMPTS, MIN_BODY_RATE, SLOW_BODY_GRACE};
 use crate::error::{BodyError, PartError, WriteError};
@@ -73,14 +73,14 @@ pub async fn fetch_part(
     object: Arc<PinnedObject>,
     target: PartTarget,
 ) -> Result<FetchedPart, PartError> {
-    let _slot = ctx.request_slots.acquire().await;
+    let _slot = ctx.fetch.request_slots.acquire().await;
     let mut stream = PartStream::new(&target);
     let mut attempt = 0;
     let result = loop {
         match stream.fetch_rest(&ctx, &object, &target).await {
             Ok(()) => break Ok(()),
             Err(err) if err.is_retryable() && attempt + 1 < MAX_PART_ATTEMPTS => {
-                Stats::add(&ctx.stats.part_retries, 1);
+                Stats::add(&ctx.fetch.stats.part_retries, 1);
                 tracing::debug!(key = %object.key, range = ?target.range, "retrying part: {err}");
                 if target.whole_object {
                     stream.wait_writes().await?;
@@ -143,7 +143,7 @@ impl PartStream {
     ) -> Result<(), PartError> {
         let expected = target.range.end - target.range.start;
         let rest = target.range.start + self.received..target.range.end;
-        let mut body = get_range(&*ctx.source, object, rest).await?;
+        let mut body = get_range(&*ctx.fetch.source, object, rest).await?;
         loop {
             let asked = Instant::now();
             let next = body.next().await;
@@ -170,8 +170,8 @@ impl PartStream {
                     .into())
                 }
             };
-            Stats::add(&ctx.stats.bytes_received, chunk.len() as u64);
-            ctx.request_slots.record_received(chunk.len() as u64);
+            Stats::add(&ctx.fetch.stats.bytes_received, chunk.len() as u64);
+            ctx.fetch.request_slots.record_received(chunk.len() as u64);
             if self.received + chunk.len() as u64 > expected {
                 return Err(BodyError::Long { expected }.into());
             }
@@ -190,9 +190,12 @@ impl PartStream {
             while !data.is_empty() {
                 let filling = match &mut self.buf {
                     Some(filling) => filling,
-                    None => self
-                        .buf
-                        .insert(ctx.pool.acquire_for(target.range.end - self.offset).await),
+                    None => self.buf.insert(
+                        ctx.fetch
+                            .pool
+                            .acquire_for(target.range.end - self.offset)
+                            .await,
+                    ),
                 };
                 data = &data[filling.fill_from(data)..];
                 if filling.is_full() {
@@ -211,7 +214,7 @@ impl PartStream {
             buf.pad_for_direct_io();
         }
         let (done, wait) = oneshot::channel();
-        ctx.writers.writer.submit(WriteJob {
+        ctx.write.writers.writer.submit(WriteJob {
             file: self.file.clone(),
             offset: self.offset,
             buf,

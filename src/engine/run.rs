@@ -1,14 +1,20 @@
-//! A whole sync: set up, stream the listing into object tasks, gather results, report.
+//! A whole sync in three stages: `prepare` (validate, lock DEST, open the manifest, start the
+//! writers, the committer and the request budget), `mirror` (stream the listing into object
+//! tasks and gather their results) and `finish` (flush, `--delete`, READY, compaction, the
+//! summary and the report).
 
 use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::sync::watch;
-use tokio::task::JoinSet;
+use tokio::task::{JoinHandle, JoinSet};
 
 use super::adaptive::{self, RequestSlots};
 use super::checkpoint::{self, Checkpoints};
+use super::context::{Ctx, FetchCtx, WriteCtx};
 use super::limits;
 use super::object::mirror_object;
 use super::progress::Progress;
@@ -17,8 +23,9 @@ use crate::config::{
     Concurrency, SyncConfig, BUFFERS_PER_REQUEST, SPARE_BUFFERS, WRITE_BUFFER_SIZE,
 };
 use crate::error::{Exit, IoContext, LocalError, ObjectError, SyncError, UsageError};
+use crate::manifest::lock::{self, DestLock};
 use crate::manifest::ready::{self, Ready};
-use crate::manifest::{journal, lock, Manifest};
+use crate::manifest::{journal, Manifest};
 use crate::plan::filter::KeyFilter;
 use crate::plan::keys::{plan_key, KeyPlan};
 use crate::report::{
@@ -37,24 +44,6 @@ use crate::write::Writers;
 /// Failures kept in the report (all are logged).
 const MAX_REPORTED_FAILURES: usize = 10_000;
 
-/// What object and part tasks share.
-pub struct Ctx {
-    pub source: Arc<dyn ObjectSource>,
-    pub bucket: String,
-    pub part_size: u64,
-    pub direct_io: bool,
-    pub dest: Arc<Dest>,
-    pub pool: BufferPool,
-    pub writers: Writers,
-    pub request_slots: Arc<RequestSlots>,
-    pub stats: Arc<Stats>,
-    pub committer: Committer,
-    pub manifest: Arc<Manifest>,
-    pub checkpoints: Arc<Checkpoints>,
-    /// Versions are pinned by a snapshot: a changed object is an error, not a restart.
-    pub pinned: bool,
-}
-
 /// Request slots and write buffers that several runs in one process share, so that together
 /// they stay inside one concurrency and memory budget and back off together when throttled.
 #[derive(Clone)]
@@ -66,7 +55,7 @@ pub struct Budget {
 impl Budget {
     /// The budget of `concurrency` requests in flight (and the buffers they need); with
     /// `Auto`, the adaptive controller runs until the returned handle is aborted.
-    pub fn new(concurrency: Concurrency) -> (Self, Option<tokio::task::JoinHandle<()>>) {
+    pub fn new(concurrency: Concurrency) -> (Self, Option<JoinHandle<()>>) {
         let in_flight = limits::in_flight(
             concurrency.max(),
             concurrency.max() * adaptive::OBJECTS_PER_SLOT,
@@ -83,13 +72,15 @@ impl Budget {
     }
 }
 
-/// How a run is embedded: its own budget or a shared one, counters the caller can watch, and
-/// a signal that stops it early (the run then flushes its manifest and reports `Stopped`).
+/// How a run is embedded: its own budget or a shared one, counters the caller can watch, a
+/// signal that stops it early (the run then flushes its manifest and reports `Stopped`), and
+/// the object store to read (an S3 client built from the config when `None`).
 #[derive(Default)]
 pub struct Hooks {
     pub budget: Option<Budget>,
     pub stats: Arc<Stats>,
     pub stop: Option<watch::Receiver<bool>>,
+    pub source: Option<Arc<dyn ObjectSource>>,
 }
 
 /// The result of a run that got as far as starting.
@@ -104,8 +95,42 @@ pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
 }
 
 /// Runs a sync embedded as `hooks` say.
-pub async fn run_with(cfg: SyncConfig, hooks: Hooks) -> Result<Outcome, SyncError> {
+pub async fn run_with(cfg: SyncConfig, mut hooks: Hooks) -> Result<Outcome, SyncError> {
     let started = Instant::now();
+    let mut stop = hooks.stop.take();
+    let mut run = match prepare(&cfg, hooks, &mut stop, started).await? {
+        Start::AlreadyThere(outcome) => return Ok(outcome),
+        Start::Run(run) => run,
+    };
+    let mirrored = mirror(&cfg, &mut run, &mut stop).await;
+    Ok(finish(&cfg, run, mirrored, started).await)
+}
+
+/// A run that holds DEST and has its pipeline started.
+struct Prepared {
+    ctx: Arc<Ctx>,
+    filter: KeyFilter,
+    state_dir: OwnedFd,
+    state_path: PathBuf,
+    _lock: DestLock,
+    sink: ReportSink,
+    progress: Progress,
+    checkpointer: JoinHandle<()>,
+    controller: Option<JoinHandle<()>>,
+}
+
+enum Start {
+    /// `--snapshot` and DEST's READY already names it: nothing to do.
+    AlreadyThere(Outcome),
+    Run(Prepared),
+}
+
+async fn prepare(
+    cfg: &SyncConfig,
+    hooks: Hooks,
+    stop: &mut Option<watch::Receiver<bool>>,
+    started: Instant,
+) -> Result<Start, SyncError> {
     cfg.validate()?;
     let filter = KeyFilter::new(&cfg.include, &cfg.exclude)?;
     let dest = Dest::open(&cfg.dest).map_err(|err| {
@@ -120,22 +145,21 @@ pub async fn run_with(cfg: SyncConfig, hooks: Hooks) -> Result<Outcome, SyncErro
             cfg.dest.display()
         ))
     })?;
-    let mut stop = hooks.stop;
-    let _lock = tokio::select! {
+    let state_path = cfg.dest.join(".hydrator");
+    let lock = tokio::select! {
         lock = lock::acquire(&state_dir, cfg.lock_timeout) => lock?,
-        () = stopped(&mut stop) => return Err(SyncError::Stopped),
+        () = stopped(stop) => return Err(SyncError::Stopped),
     };
-    if let Some(outcome) = snapshot_already_there(&cfg, &state_dir, started) {
-        return Ok(outcome);
+    if let Some(outcome) = snapshot_already_there(cfg, &state_dir, started) {
+        return Ok(Start::AlreadyThere(outcome));
     }
-    let mut sink = ReportSink::new(cfg.report.as_deref()).map_err(|err| {
+    let sink = ReportSink::new(cfg.report.as_deref()).map_err(|err| {
         UsageError::new(format!(
             "cannot write the report next to {:?}: {err}",
             cfg.report
         ))
     })?;
     let writers = Writers::start(cfg.io_backend)?;
-    let state_path = cfg.dest.join(".hydrator");
     let manifest =
         Manifest::open(&dest, &cfg.source_info()).local("opening the manifest in", &state_path)?;
     ready::remove(&state_dir).local("removing READY from", &state_path)?;
@@ -145,59 +169,84 @@ pub async fn run_with(cfg: SyncConfig, hooks: Hooks) -> Result<Outcome, SyncErro
     let checkpoints = Arc::new(Checkpoints::new(&dest).local("opening", &cfg.dest)?);
     let committer = Committer::start(dest.clone(), manifest.clone()).local("opening", &cfg.dest)?;
     let checkpointer = checkpoint::spawn(checkpoints.clone(), manifest.clone());
-    let stats = hooks.stats;
     let (budget, controller) = match hooks.budget {
         Some(budget) => (budget, None),
         None => Budget::new(cfg.concurrency),
     };
-    let request_slots = budget.slots;
-    let ctx = Arc::new(Ctx {
-        source: Arc::new(S3Source::new(
-            client::build(&cfg, request_slots.responses.clone()).await,
+    let source = match hooks.source {
+        Some(source) => source,
+        None => Arc::new(S3Source::new(
+            client::build(cfg, budget.slots.responses.clone()).await,
         )),
-        bucket: cfg.source.bucket.clone(),
-        part_size: cfg.part_size,
-        direct_io: cfg.direct_io,
-        dest: dest.clone(),
-        pool: budget.pool,
-        writers,
-        request_slots: request_slots.clone(),
-        stats: stats.clone(),
-        committer,
-        manifest: manifest.clone(),
-        checkpoints: checkpoints.clone(),
-        pinned: cfg.snapshot.is_some(),
+    };
+    let progress = Progress::start(cfg.progress, hooks.stats.clone());
+    let ctx = Arc::new(Ctx {
+        fetch: FetchCtx {
+            source,
+            bucket: cfg.source.bucket.clone(),
+            part_size: cfg.part_size,
+            request_slots: budget.slots,
+            pool: budget.pool,
+            stats: hooks.stats,
+            pinned: cfg.snapshot.is_some(),
+        },
+        write: WriteCtx {
+            dest,
+            direct_io: cfg.direct_io,
+            writers,
+            committer,
+            manifest,
+            checkpoints,
+        },
     });
-    let progress = Progress::start(cfg.progress, stats.clone());
-    let mut failures = Vec::new();
-    let mut fatal: Option<SyncError> = None;
+    Ok(Start::Run(Prepared {
+        ctx,
+        filter,
+        state_dir,
+        state_path,
+        _lock: lock,
+        sink,
+        progress,
+        checkpointer,
+        controller,
+    }))
+}
+
+/// What mirroring left behind.
+struct Mirrored {
+    /// What cut the run short: a broken listing, a stop signal, a report that cannot be written.
+    fatal: Option<SyncError>,
+    failures: Vec<Failure>,
+}
+
+/// Streams the listing into object tasks and books their results.
+async fn mirror(
+    cfg: &SyncConfig,
+    run: &mut Prepared,
+    stop: &mut Option<watch::Receiver<bool>>,
+) -> Mirrored {
+    let ctx = run.ctx.clone();
+    let stats = ctx.fetch.stats.clone();
     let mut tally = Tally {
         stats: &stats,
-        sink: &mut sink,
-        failures: &mut failures,
+        sink: &mut run.sink,
+        failures: Vec::new(),
         sink_error: None,
     };
-
     let mut listing = match &cfg.snapshot {
         Some(snapshot) => snapshot::spawn_entries(snapshot.clone()),
-        None => list::spawn(ctx.source.clone(), cfg.source.clone()),
+        None => list::spawn(ctx.fetch.source.clone(), cfg.source.clone()),
     };
     let mut tasks = JoinSet::new();
-    loop {
+    let mut fatal = loop {
         let item = tokio::select! {
             item = listing.recv() => item,
-            () = stopped(&mut stop) => {
-                fatal = Some(SyncError::Stopped);
-                break;
-            }
+            () = stopped(stop) => break Some(SyncError::Stopped),
         };
         let entry = match item {
             Some(Ok(entry)) => entry,
-            Some(Err(err)) => {
-                fatal = Some(err);
-                break;
-            }
-            None => break,
+            Some(Err(err)) => break Some(err),
+            None => break None,
         };
         Stats::add(&stats.objects_listed, 1);
         match plan_key(&cfg.source.prefix, &entry.key, entry.size) {
@@ -206,17 +255,14 @@ pub async fn run_with(cfg: SyncConfig, hooks: Hooks) -> Result<Outcome, SyncErro
                 Stats::add(&stats.bytes_listed, entry.size);
                 tally.failed(entry.key, ObjectError::Refused(why));
             }
-            KeyPlan::File(rel) if !filter.accepts(&rel.to_string()) => {
+            KeyPlan::File(rel) if !run.filter.accepts(&rel.to_string()) => {
                 Stats::add(&stats.objects_filtered, 1)
             }
             KeyPlan::File(rel) => {
                 Stats::add(&stats.bytes_listed, entry.size);
                 let permit = tokio::select! {
-                    permit = ctx.request_slots.acquire_object() => permit,
-                    () = stopped(&mut stop) => {
-                        fatal = Some(SyncError::Stopped);
-                        break;
-                    }
+                    permit = ctx.fetch.request_slots.acquire_object() => permit,
+                    () = stopped(stop) => break Some(SyncError::Stopped),
                 };
                 let ctx = ctx.clone();
                 tasks.spawn(async move {
@@ -229,127 +275,107 @@ pub async fn run_with(cfg: SyncConfig, hooks: Hooks) -> Result<Outcome, SyncErro
                 }
             }
         }
-    }
+    };
     if fatal.is_none() {
-        loop {
+        fatal = loop {
             tokio::select! {
                 done = tasks.join_next() => match done {
                     Some(done) => tally.joined(done),
-                    None => break,
+                    None => break None,
                 },
-                () = stopped(&mut stop) => {
-                    fatal = Some(SyncError::Stopped);
-                    break;
-                }
+                () = stopped(stop) => break Some(SyncError::Stopped),
             }
-        }
+        };
     }
     tasks.abort_all();
     while let Some(done) = tasks.join_next().await {
         tally.joined(done);
     }
-    let sink_error = tally.sink_error.take();
-    drop(listing);
-    progress.finish();
-    // Every object that counts as done has awaited its own durable commit; tasks of aborted
-    // objects may still be unwinding and holding `ctx`.
-    checkpointer.abort();
-    if let Some(controller) = controller {
-        controller.abort();
-    }
-    let finished = {
-        let (checkpoints, manifest) = (checkpoints.clone(), manifest.clone());
-        tokio::task::spawn_blocking(move || checkpoints.flush(&manifest)).await
-    };
-    if let Ok(Err(err)) = finished {
-        tracing::warn!("recording the last durable parts failed: {err}");
-    }
-    if let (None, Some(err)) = (&fatal, sink_error) {
+    if let (None, Some(err)) = (&fatal, tally.sink_error.take()) {
         let report = cfg.report.clone().unwrap_or_default();
         fatal = Some(LocalError::new("writing the report spool for", report, err).into());
+    }
+    Mirrored {
+        fatal,
+        failures: tally.failures,
+    }
+}
+
+/// Flushes what is durable, applies `--delete`, writes READY when the dataset is complete, and
+/// reports.
+async fn finish(cfg: &SyncConfig, run: Prepared, mirrored: Mirrored, started: Instant) -> Outcome {
+    let Mirrored {
+        mut fatal,
+        failures,
+    } = mirrored;
+    let ctx = &run.ctx;
+    let (stats, manifest) = (&ctx.fetch.stats, &ctx.write.manifest);
+    run.progress.finish();
+    // Every object that counts as done has awaited its own durable commit; tasks of aborted
+    // objects may still be unwinding and holding `ctx`.
+    run.checkpointer.abort();
+    if let Some(controller) = run.controller {
+        controller.abort();
+    }
+    let flushed = {
+        let (checkpoints, manifest) = (ctx.write.checkpoints.clone(), manifest.clone());
+        tokio::task::spawn_blocking(move || checkpoints.flush(&manifest)).await
+    };
+    if let Ok(Err(err)) = flushed {
+        tracing::warn!("recording the last durable parts failed: {err}");
     }
     let any_failed = Stats::get(&stats.objects_failed) > 0;
     if cfg.delete && any_failed {
         tracing::warn!("--delete skipped: some objects failed, so their local copies are kept");
     }
     if fatal.is_none() && cfg.delete && !any_failed {
-        match prune::remove_unlisted(&dest, &manifest, &filter) {
-            Ok(removed) => stats
-                .files_deleted
-                .store(removed, std::sync::atomic::Ordering::Relaxed),
+        match prune::remove_unlisted(&ctx.write.dest, manifest, &run.filter) {
+            Ok(removed) => stats.files_deleted.store(removed, Relaxed),
             Err(err) => {
-                fatal = Some(
-                    LocalError::new("--delete: removing unlisted files in", &cfg.dest, err).into(),
-                )
+                let err = LocalError::new("--delete: removing unlisted files in", &cfg.dest, err);
+                fatal = Some(err.into());
             }
         }
     }
-    let failed = Stats::get(&stats.objects_failed);
-    if fatal.is_none() && failed == 0 {
-        if let Err(err) = write_ready(&cfg, &state_dir, &manifest) {
-            fatal = Some(LocalError::new("writing READY in", &state_path, err).into());
+    if fatal.is_none() && !any_failed {
+        if let Err(err) = write_ready(cfg, &run.state_dir, manifest) {
+            fatal = Some(LocalError::new("writing READY in", &run.state_path, err).into());
         }
     }
     if let Err(err) = manifest.compact_if_grown() {
         tracing::warn!("compacting the manifest: {err}");
     }
-    let writers = &ctx.writers;
-    let failed = Stats::get(&stats.objects_failed);
     let exit = match &fatal {
         Some(err) => err.exit(),
-        None if failed > 0 => Exit::Failed,
+        None if any_failed => Exit::Failed,
         None => Exit::Success,
     };
-    let elapsed = started.elapsed().as_secs_f64();
-    let downloaded_bytes = Stats::get(&stats.bytes_downloaded);
-    let summary = Summary {
-        version: REPORT_VERSION,
-        source: cfg.source.to_string(),
-        dest: cfg.dest.display().to_string(),
-        result: if exit == Exit::Success {
-            "complete"
-        } else {
-            "failed"
-        },
-        error: fatal.as_ref().map(|err| err.to_string()),
-        objects: ObjectCounts {
-            listed: Stats::get(&stats.objects_listed),
-            total: stats.objects_finished(),
-            downloaded: Stats::get(&stats.objects_downloaded),
-            skipped: Stats::get(&stats.objects_skipped),
-            failed,
-            filtered_out: Stats::get(&stats.objects_filtered),
-            directory_markers: Stats::get(&stats.directory_markers),
-            deleted: Stats::get(&stats.files_deleted),
-        },
-        bytes: ByteCounts {
-            total: Stats::get(&stats.bytes_listed),
-            downloaded: downloaded_bytes,
-            skipped: Stats::get(&stats.bytes_skipped),
-            resumed: Stats::get(&stats.bytes_resumed),
-            received: Stats::get(&stats.bytes_received),
-        },
-        part_retries: Stats::get(&stats.part_retries),
-        object_restarts: Stats::get(&stats.object_restarts),
-        io_backend: Some(writers.backend),
-        peak_requests_in_flight: ctx.request_slots.peak(),
-        io_backend_fallback_reason: writers.fallback_reason.clone(),
-        duration_seconds: elapsed,
-        throughput_bytes_per_second: downloaded_bytes as f64 / elapsed.max(1e-9),
+    let writers = &ctx.write.writers;
+    let summary = summarize(
+        cfg,
+        stats,
+        exit,
+        fatal.as_ref(),
+        Some(RunFacts {
+            backend: writers.backend,
+            fallback_reason: writers.fallback_reason.clone(),
+            peak_requests: ctx.fetch.request_slots.peak(),
+        }),
         failures,
-    };
-    if let Err(err) = sink.finish(&summary) {
-        tracing::error!("writing the report: {err}");
-        return Ok(Outcome {
-            exit: if exit == Exit::Success {
+        started,
+    );
+    match run.sink.finish(&summary) {
+        Ok(()) => Outcome { summary, exit },
+        Err(err) => {
+            tracing::error!("writing the report: {err}");
+            let exit = if exit == Exit::Success {
                 Exit::Failed
             } else {
                 exit
-            },
-            summary,
-        });
+            };
+            Outcome { summary, exit }
+        }
     }
-    Ok(Outcome { summary, exit })
 }
 
 /// Resolves once `stop` says so; never without a stop signal.
@@ -413,32 +439,16 @@ fn snapshot_already_there(
             && r.exclude == cfg.exclude
     })?;
     tracing::info!("DEST already holds snapshot {} (READY)", snapshot.digest);
-    let summary = Summary {
-        version: REPORT_VERSION,
-        source: cfg.source.to_string(),
-        dest: cfg.dest.display().to_string(),
-        result: "complete",
-        error: None,
-        objects: ObjectCounts {
-            listed: ready.objects,
-            total: ready.objects,
-            skipped: ready.objects,
-            ..Default::default()
-        },
-        bytes: ByteCounts {
-            total: ready.bytes,
-            skipped: ready.bytes,
-            ..Default::default()
-        },
-        part_retries: 0,
-        object_restarts: 0,
-        io_backend: None,
-        peak_requests_in_flight: 0,
-        io_backend_fallback_reason: None,
-        duration_seconds: started.elapsed().as_secs_f64(),
-        throughput_bytes_per_second: 0.0,
-        failures: vec![],
-    };
+    let stats = Stats::default();
+    for (counter, n) in [
+        (&stats.objects_listed, ready.objects),
+        (&stats.objects_skipped, ready.objects),
+        (&stats.bytes_listed, ready.bytes),
+        (&stats.bytes_skipped, ready.bytes),
+    ] {
+        Stats::add(counter, n);
+    }
+    let summary = summarize(cfg, &stats, Exit::Success, None, None, vec![], started);
     if let Some(report) = &cfg.report {
         let _ = ReportSink::new(Some(report)).and_then(|sink| sink.finish(&summary));
     }
@@ -448,11 +458,68 @@ fn snapshot_already_there(
     })
 }
 
+/// What only a run that wrote something can say about itself.
+struct RunFacts {
+    backend: crate::write::Backend,
+    fallback_reason: Option<String>,
+    peak_requests: usize,
+}
+
+/// The run's summary, from its counters: the one place a summary is built.
+fn summarize(
+    cfg: &SyncConfig,
+    stats: &Stats,
+    exit: Exit,
+    fatal: Option<&SyncError>,
+    facts: Option<RunFacts>,
+    failures: Vec<Failure>,
+    started: Instant,
+) -> Summary {
+    let elapsed = started.elapsed().as_secs_f64();
+    let downloaded = Stats::get(&stats.bytes_downloaded);
+    Summary {
+        version: REPORT_VERSION,
+        source: cfg.source.to_string(),
+        dest: cfg.dest.display().to_string(),
+        result: if exit == Exit::Success {
+            "complete"
+        } else {
+            "failed"
+        },
+        error: fatal.map(|err| err.to_string()),
+        objects: ObjectCounts {
+            listed: Stats::get(&stats.objects_listed),
+            total: stats.objects_finished(),
+            downloaded: Stats::get(&stats.objects_downloaded),
+            skipped: Stats::get(&stats.objects_skipped),
+            failed: Stats::get(&stats.objects_failed),
+            filtered_out: Stats::get(&stats.objects_filtered),
+            directory_markers: Stats::get(&stats.directory_markers),
+            deleted: Stats::get(&stats.files_deleted),
+        },
+        bytes: ByteCounts {
+            total: Stats::get(&stats.bytes_listed),
+            downloaded,
+            skipped: Stats::get(&stats.bytes_skipped),
+            resumed: Stats::get(&stats.bytes_resumed),
+            received: Stats::get(&stats.bytes_received),
+        },
+        part_retries: Stats::get(&stats.part_retries),
+        object_restarts: Stats::get(&stats.object_restarts),
+        io_backend: facts.as_ref().map(|f| f.backend),
+        peak_requests_in_flight: facts.as_ref().map_or(0, |f| f.peak_requests),
+        io_backend_fallback_reason: facts.and_then(|f| f.fallback_reason),
+        duration_seconds: elapsed,
+        throughput_bytes_per_second: downloaded as f64 / elapsed.max(1e-9),
+        failures,
+    }
+}
+
 /// Books finished objects into the counters, the report and the failure list.
 struct Tally<'a> {
     stats: &'a Stats,
     sink: &'a mut ReportSink,
-    failures: &'a mut Vec<Failure>,
+    failures: Vec<Failure>,
     sink_error: Option<std::io::Error>,
 }
 

@@ -1,0 +1,40 @@
+//! What the object and part tasks of a run share, split by side: fetching (the object store,
+//! request slots, buffers, counters) and writing (DEST, writer threads, the committer, the
+//! manifest and its checkpoints).
+
+use std::sync::Arc;
+
+use super::adaptive::RequestSlots;
+use super::checkpoint::Checkpoints;
+use super::stats::Stats;
+use crate::manifest::Manifest;
+use crate::source::object_source::ObjectSource;
+use crate::write::buffer::BufferPool;
+use crate::write::commit::Committer;
+use crate::write::dest::Dest;
+use crate::write::Writers;
+
+pub(super) struct Ctx {
+    pub fetch: FetchCtx,
+    pub write: WriteCtx,
+}
+
+pub(super) struct FetchCtx {
+    pub source: Arc<dyn ObjectSource>,
+    pub bucket: String,
+    pub part_size: u64,
+    pub request_slots: Arc<RequestSlots>,
+    pub pool: BufferPool,
+    pub stats: Arc<Stats>,
+    /// Versions are pinned by a snapshot: a changed object is an error, not a restart.
+    pub pinned: bool,
+}
+
+pub(super) struct WriteCtx {
+    pub dest: Arc<Dest>,
+    pub direct_io: bool,
+    pub writers: Writers,
+    pub committer: Committer,
+    pub manifest: Arc<Manifest>,
+    pub checkpoints: Arc<Checkpoints>,
+}
