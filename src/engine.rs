@@ -7,6 +7,10 @@
 //! to the writer threads; when every part is written the part hashes are merged, the file is
 //! handed to the batch committer, and only after its batch is durable does it count as done.
 //!
+//! The engine reads the object store through `source::object_source::ObjectSource` (the S3
+//! client, or an in-memory store with scripted faults in `tests.rs`); a run goes through three
+//! stages in `run.rs`: prepare, mirror, finish.
+//!
 //! Memory for data in flight is the buffer pool, `(2 × concurrency + 4) × 1 MiB`, whatever the
 //! part size, object sizes or number of objects.
 
