@@ -113,9 +113,6 @@ struct PartStream {
     /// Taken from the pool only when bytes arrive, and handed on as soon as it is full: a part
     /// never holds a full buffer while waiting for an empty one (that could starve the pool).
     buf: Option<PooledBuf>,
-    /// Time spent waiting for the network only: waiting for a buffer (a slow disk) is not the
-    /// server's slowness.
-    waited: Duration,
 }
 
 impl PartStream {
@@ -130,7 +127,6 @@ impl PartStream {
             received: 0,
             offset: target.range.start,
             buf: None,
-            waited: Duration::ZERO,
         }
     }
 
@@ -144,10 +140,13 @@ impl PartStream {
         let expected = target.range.end - target.range.start;
         let rest = target.range.start + self.received..target.range.end;
         let mut body = get_range(&*ctx.fetch.source, object, rest).await?;
+        // The rate of this response: time spent waiting for the network only (waiting for a
+        // buffer, a slow disk, is not the server's slowness) and the bytes it brought.
+        let (mut waited, mut brought) = (Duration::ZERO, 0u64);
         loop {
             let asked = Instant::now();
             let next = body.next().await;
-            self.waited += asked.elapsed();
+            waited += asked.elapsed();
             let chunk = match next {
                 None if self.received == expected => return Ok(()),
                 None => {
@@ -176,13 +175,12 @@ impl PartStream {
                 return Err(BodyError::Long { expected }.into());
             }
             self.received += chunk.len() as u64;
-            if self.waited > SLOW_BODY_GRACE
-                && self.received < MIN_BODY_RATE * self.waited.as_secs()
-            {
+            brought += chunk.len() as u64;
+            if waited > SLOW_BODY_GRACE && brought < MIN_BODY_RATE * waited.as_secs() {
                 return Err(BodyError::TooSlow {
                     key: object.key.clone(),
-                    received: self.received,
-                    seconds: self.waited.as_secs_f64(),
+                    received: brought,
+                    seconds: waited.as_secs_f64(),
                 }
                 .into());
             }
