@@ -307,9 +307,9 @@ pub async fn run_with(cfg: SyncConfig, hooks: Hooks) -> Result<Outcome, SyncErro
         source: cfg.source.to_string(),
         dest: cfg.dest.display().to_string(),
         result: if exit == Exit::Success {
-            "complete"
+            crate::report::RunResult::Complete
         } else {
-            "failed"
+            crate::report::RunResult::Failed
         },
         error: fatal.as_ref().map(|err| err.to_string()),
         objects: ObjectCounts {
@@ -417,7 +417,7 @@ fn snapshot_already_there(
         version: REPORT_VERSION,
         source: cfg.source.to_string(),
         dest: cfg.dest.display().to_string(),
-        result: "complete",
+        result: crate::report::RunResult::Complete,
         error: None,
         objects: ObjectCounts {
             listed: ready.objects,
