@@ -17,6 +17,7 @@
 
 pub mod api;
 pub mod catalog;
+mod error;
 mod evict;
 mod flight;
 mod link;
@@ -81,13 +82,13 @@ impl Daemon {
     pub fn render_metrics(&self) -> String {
         let catalog = self.catalog();
         let registry = self.registry();
-        let mut by_state: BTreeMap<&'static str, u64> = protocol::State::ALL
+        let mut by_state: BTreeMap<_, u64> = protocol::State::ALL
             .iter()
-            .map(|state| (state.label(), 0))
+            .map(|&state| (state, 0))
             .collect();
         for name in catalog.datasets.keys() {
             *by_state
-                .entry(registry.status(&self.root, name).state.label())
+                .entry(registry.status(&self.root, name).state)
                 .or_default() += 1;
         }
         let running: u64 = registry
@@ -97,17 +98,14 @@ impl Daemon {
             .map(|f| Stats::get(&f.stats.bytes_received))
             .sum();
         let requests = self.budget.slots.responses.by_operation();
-        metrics::render(
-            &self.metrics,
-            &metrics::Snapshot {
-                bytes_fetched_running: running,
-                capacity: catalog.cache.quota,
-                datasets_by_state: by_state,
-                leases: registry.leases.len(),
-                s3_requests: &requests,
-                io_backend: &self.io_backend,
-            },
-        )
+        self.metrics.render(&metrics::Snapshot {
+            bytes_fetched_running: running,
+            capacity: catalog.cache.quota,
+            datasets_by_state: by_state,
+            leases: registry.leases.len(),
+            s3_requests: &requests,
+            io_backend: &self.io_backend,
+        })
     }
 
     /// Re-reads the catalog (SIGHUP). A catalog with errors is refused and the old one kept;

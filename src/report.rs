@@ -66,14 +66,22 @@ pub struct ByteCounts {
     pub received: u64,
 }
 
+/// How a run ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunResult {
+    /// Every selected object is mirrored and hashed.
+    Complete,
+    Failed,
+}
+
 /// Everything but the file list.
 #[derive(Clone, Debug, Serialize)]
 pub struct Summary {
     pub version: u32,
     pub source: String,
     pub dest: String,
-    /// `complete` only when every selected object is mirrored and hashed.
-    pub result: &'static str,
+    pub result: RunResult,
     pub error: Option<String>,
     pub objects: ObjectCounts,
     pub bytes: ByteCounts,
@@ -95,7 +103,10 @@ impl Summary {
         let o = &self.objects;
         format!(
             "hydrator: {} {} objects ({}) from {} to {}: {} downloaded, {} up to date, {} failed in {:.1} s ({}/s, {})",
-            if self.result == "complete" { "mirrored" } else { "INCOMPLETE:" },
+            match self.result {
+                RunResult::Complete => "mirrored",
+                RunResult::Failed => "INCOMPLETE:",
+            },
             o.total,
             human_bytes(self.bytes.total),
             self.source,
@@ -190,7 +201,7 @@ mod tests {
             version: REPORT_VERSION,
             source: "s3://b/p/".into(),
             dest: "/d".into(),
-            result: "complete",
+            result: RunResult::Complete,
             error: None,
             objects: ObjectCounts::default(),
             bytes: ByteCounts::default(),

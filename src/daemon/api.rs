@@ -88,7 +88,7 @@ async fn metrics(State(daemon): Shared) -> Response {
     (
         [(
             header::CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; version=0.0.4"),
+            HeaderValue::from_static(super::metrics::CONTENT_TYPE),
         )],
         daemon.render_metrics(),
     )

@@ -155,7 +155,7 @@ pub fn parse(text: &str, env: impl Fn(&str) -> Option<String>) -> Result<Catalog
     for (name, dataset) in raw.datasets {
         let mut problem = |why: String| problems.push(format!("dataset {name:?}: {why}"));
         if let Err(why) = check_name(&name) {
-            problem(why);
+            problem(why.to_string());
         }
         if let Some(dataset) = self::dataset(dataset, &env, &mut problem) {
             datasets.insert(name, dataset);
@@ -366,7 +366,7 @@ fn dataset(
 }
 
 /// Dataset names are directory names under the cache root and path segments of the API.
-fn check_name(name: &str) -> Result<(), String> {
+fn check_name(name: &str) -> Result<(), super::error::InvalidName> {
     let ok = (1..=63).contains(&name.len())
         && name.starts_with(|c: char| c.is_ascii_alphanumeric())
         && name
@@ -374,10 +374,7 @@ fn check_name(name: &str) -> Result<(), String> {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
     match ok {
         true => Ok(()),
-        false => Err(
-            "names are 1 to 63 letters, digits, '-', '_' or '.', starting with a letter or digit"
-                .into(),
-        ),
+        false => Err(super::error::InvalidName),
     }
 }
 

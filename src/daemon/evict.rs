@@ -11,6 +11,7 @@ use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
+use super::error::SpaceError;
 use super::registry::{self, Flight, DAEMON_DIR};
 use super::space::{self, Candidate, Pressure};
 use super::Daemon;
@@ -19,7 +20,7 @@ use crate::units::human_bytes;
 const TRASH: &str = "trash";
 
 /// Makes room for `need` bytes and books them to `flight`; `Err` says why it cannot fit.
-pub async fn reserve(daemon: &Arc<Daemon>, flight: &Flight, need: u64) -> Result<(), String> {
+pub async fn reserve(daemon: &Arc<Daemon>, flight: &Flight, need: u64) -> Result<(), SpaceError> {
     let _space = daemon.space.lock().await;
     make_room(daemon, need).await?;
     flight.info().reserved = need;
@@ -39,21 +40,14 @@ pub async fn maintain(daemon: &Arc<Daemon>) {
     }
 }
 
-async fn make_room(daemon: &Arc<Daemon>, need: u64) -> Result<(), String> {
+async fn make_room(daemon: &Arc<Daemon>, need: u64) -> Result<(), SpaceError> {
     let cache = daemon.catalog().cache.clone();
     let root = daemon.root.clone();
     let (used, free) =
         blocking(move || Ok((space::usage(&root)?.shared, space::free_bytes(&root)?)))
             .await
-            .map_err(|e| format!("measuring the cache: {e}"))?;
-    daemon
-        .metrics
-        .cache_used
-        .store(used, std::sync::atomic::Ordering::Relaxed);
-    daemon
-        .metrics
-        .cache_free
-        .store(free, std::sync::atomic::Ordering::Relaxed);
+            .map_err(SpaceError::MeasureCache)?;
+    daemon.metrics.cache_measured(used, free);
     let reserved = {
         let registry = daemon.registry();
         registry
@@ -76,30 +70,27 @@ async fn make_room(daemon: &Arc<Daemon>, need: u64) -> Result<(), String> {
     let candidates = candidates(daemon).await?;
     let evictable: u64 = candidates.iter().map(|c| c.frees).sum();
     let Some(chosen) = space::choose(candidates, deficit) else {
-        return Err(format!(
-            "not enough space: {} of new data needed; quota {}, cache uses {}, {} reserved by \
-             running hydrations, {} free on disk with a floor of {}; evicting every unleased \
-             snapshot would free {}, {} short",
-            human_bytes(need),
-            human_bytes(budget.quota),
-            human_bytes(used),
-            human_bytes(reserved),
-            human_bytes(free),
-            human_bytes(budget.free_space_floor),
-            human_bytes(evictable),
-            human_bytes(deficit - evictable),
-        ));
+        return Err(SpaceError::NotEnough {
+            need,
+            budget,
+            deficit,
+            evictable,
+        });
     };
     for candidate in chosen {
         evict(daemon, &candidate, pressure)
             .await
-            .map_err(|e| format!("evicting {}/{}: {e}", candidate.dataset, candidate.digest))?;
+            .map_err(|source| SpaceError::Evict {
+                dataset: candidate.dataset.clone(),
+                digest: candidate.digest.clone(),
+                source,
+            })?;
     }
     Ok(())
 }
 
 /// Ready snapshots nothing pins, with what evicting each would free.
-async fn candidates(daemon: &Arc<Daemon>) -> Result<Vec<Candidate>, String> {
+async fn candidates(daemon: &Arc<Daemon>) -> Result<Vec<Candidate>, SpaceError> {
     let now = registry::now_unix();
     let listed: Vec<(String, String, u64)> = {
         let registry = daemon.registry();
@@ -132,7 +123,7 @@ async fn candidates(daemon: &Arc<Daemon>) -> Result<Vec<Candidate>, String> {
             .collect()
     })
     .await
-    .map_err(|e| format!("measuring snapshots: {e}"))
+    .map_err(SpaceError::MeasureSnapshots)
 }
 
 /// Removes one snapshot, unless something pinned it since it was chosen.
@@ -165,7 +156,7 @@ async fn evict(daemon: &Arc<Daemon>, candidate: &Candidate, pressure: Pressure) 
     let root = daemon.root.clone();
     let (name, digest) = (name.clone(), digest.clone());
     blocking(move || remove_snapshot(&root, &name, &digest)).await?;
-    daemon.metrics.evicted(pressure.label());
+    daemon.metrics.evicted(pressure);
     daemon.save_state();
     Ok(())
 }

@@ -8,13 +8,14 @@
 use std::sync::Arc;
 
 use super::catalog::Dataset;
+use super::error::HydrationError;
 use super::link;
-use super::metrics::Metrics;
-use super::protocol::DatasetStatus;
+use super::metrics::HydrationResult;
+use super::protocol::{DatasetStatus, Phase};
 use super::registry::{self, Flight, ReadySnapshot};
 use super::Daemon;
 use crate::engine::{self, stats::Stats, Hooks};
-use crate::error::Exit;
+use crate::error::{Exit, IoContext};
 use crate::snapshot::{self, Snapshot};
 use crate::source::client;
 
@@ -44,7 +45,7 @@ pub fn warm(daemon: &Arc<Daemon>, name: &str, dataset: &Dataset) -> Warm {
     if let Some(current) = fresh.cloned() {
         let ready = entry.ready.get_mut(&current).expect("current is ready");
         ready.last_used = registry::now_unix();
-        Metrics::add(&daemon.metrics.bytes_from_cache, ready.bytes);
+        daemon.metrics.served_from_cache(ready.bytes);
         return Warm::Ready(registry.status(&daemon.root, name));
     }
     let receiver = start(daemon, &mut registry, name, dataset.clone(), None);
@@ -74,12 +75,11 @@ pub fn start(
 }
 
 /// Books the end of a hydration and wakes its waiters.
-fn finish(daemon: &Daemon, name: &str, flight: &Flight, result: Result<Done, String>) {
+fn finish(daemon: &Daemon, name: &str, flight: &Flight, result: Result<Done, HydrationError>) {
     let seconds = flight.started.elapsed().as_secs_f64();
-    Metrics::add(
-        &daemon.metrics.bytes_fetched,
-        Stats::get(&flight.stats.bytes_received),
-    );
+    daemon
+        .metrics
+        .fetched(Stats::get(&flight.stats.bytes_received));
     {
         let mut registry = daemon.registry();
         let entry = registry.datasets.entry(name.to_string()).or_default();
@@ -90,14 +90,16 @@ fn finish(daemon: &Daemon, name: &str, flight: &Flight, result: Result<Done, Str
                 entry.current = Some(done.digest);
                 entry.checked_at = Some(std::time::Instant::now());
                 tracing::info!(dataset = name, "ready in {seconds:.1} s");
-                daemon.metrics.hydration_finished("complete", seconds);
+                daemon
+                    .metrics
+                    .hydration_finished(HydrationResult::Complete, seconds);
             }
             Err(reason) => {
                 tracing::error!(dataset = name, "hydration failed: {reason}");
                 entry.failure = Some(reason);
                 let result = match *daemon.stop.borrow() {
-                    true => "stopped",
-                    false => "failed",
+                    true => HydrationResult::Stopped,
+                    false => HydrationResult::Failed,
                 };
                 daemon.metrics.hydration_finished(result, seconds);
             }
@@ -118,22 +120,25 @@ async fn hydrate(
     dataset: &Dataset,
     flight: &Flight,
     resume: Option<Arc<Snapshot>>,
-) -> Result<Done, String> {
-    let _permit = daemon.hydrations.acquire().await.map_err(|_| "stopping")?;
+) -> Result<Done, HydrationError> {
+    let _permit = daemon
+        .hydrations
+        .acquire()
+        .await
+        .map_err(|_| HydrationError::Stopping)?;
     if *daemon.stop.borrow() {
-        return Err("the daemon is stopping".into());
+        return Err(HydrationError::Stopping);
     }
     let concurrency = daemon.catalog().cache.concurrency;
     let dir = |digest: &str| registry::snapshot_dir(&daemon.root, name, digest);
     let mut cfg = dataset.sync_config(Default::default(), concurrency);
-    flight.set_phase("listing");
+    flight.set_phase(Phase::Listing);
     let snapshot = match resume.or_else(|| dataset.pinned.clone()) {
         Some(snapshot) => snapshot,
         None => {
             let client = client::build(&cfg, daemon.budget.slots.responses.clone()).await;
-            let listed = snapshot::create(client, &dataset.source, dataset.endpoint.clone())
-                .await
-                .map_err(|e| e.to_string())?;
+            let listed =
+                snapshot::create(client, &dataset.source, dataset.endpoint.clone()).await?;
             Arc::new(listed)
         }
     };
@@ -158,7 +163,7 @@ async fn hydrate(
             cfg.source_info(),
             snapshot.clone(),
         );
-        flight.set_phase("linking");
+        flight.set_phase(Phase::Linking);
         let dest = cfg.dest.clone();
         tokio::task::spawn_blocking(move || -> std::io::Result<link::Linked> {
             std::fs::create_dir_all(&dest)?;
@@ -176,9 +181,8 @@ async fn hydrate(
                 None => Ok(link::Linked::default()),
             }
         })
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("preparing {}: {e}", cfg.dest.display()))?
+        .await?
+        .local("preparing", &cfg.dest)?
     };
     if linked.objects > 0 {
         tracing::info!(
@@ -186,30 +190,28 @@ async fn hydrate(
             "{} unchanged objects linked from the previous snapshot",
             linked.objects
         );
-        Metrics::add(&daemon.metrics.bytes_from_cache, linked.bytes);
+        daemon.metrics.served_from_cache(linked.bytes);
     }
-    flight.set_phase("reserving");
+    flight.set_phase(Phase::Reserving);
     super::evict::reserve(daemon, flight, snapshot.bytes - linked.bytes).await?;
-    flight.set_phase("downloading");
+    flight.set_phase(Phase::Downloading);
     let hooks = Hooks {
         budget: Some(daemon.budget.clone()),
         stats: flight.stats.clone(),
         stop: Some(daemon.stop.subscribe()),
         source: None,
     };
-    let outcome = engine::run_with(cfg, hooks)
-        .await
-        .map_err(|e| e.to_string())?;
+    let outcome = engine::run_with(cfg, hooks).await?;
     if outcome.exit != Exit::Success {
-        let summary = &outcome.summary;
-        let first = summary.failures.first();
-        return Err(match (&summary.error, first) {
-            (Some(error), _) => error.clone(),
-            (None, Some(f)) => format!(
-                "{} objects failed; first: {}: {}",
-                summary.objects.failed, f.key, f.reason
-            ),
-            (None, None) => "the hydration did not complete".into(),
+        let summary = outcome.summary;
+        return Err(match (summary.error, summary.failures.into_iter().next()) {
+            (Some(error), _) => HydrationError::Run(error),
+            (None, Some(first)) => HydrationError::ObjectsFailed {
+                failed: summary.objects.failed,
+                key: first.key,
+                reason: first.reason,
+            },
+            (None, None) => HydrationError::Incomplete,
         });
     }
     Ok(Done {

@@ -1,78 +1,105 @@
-//! Prometheus metrics of the daemon, in the text exposition format. Names carry the `hydrator_`
-//! prefix and base units; counters end in `_total`; no label names a file or a key, so the
-//! number of series stays fixed whatever the datasets hold.
+//! Prometheus metrics of the daemon, kept and encoded by `prometheus-client` in the text
+//! exposition format (version 0.0.4). Names carry the `hydrator_` prefix and base units;
+//! counters are registered without `_total`, which the encoder appends; no label names a file
+//! or a key, so the number of series stays fixed whatever the datasets hold.
 
 use std::collections::BTreeMap;
-use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
 
-pub const BYTES_FETCHED: &str = "hydrator_bytes_fetched_total";
-pub const BYTES_FROM_CACHE: &str = "hydrator_bytes_served_from_cache_total";
-pub const HYDRATIONS: &str = "hydrator_hydrations_total";
-pub const HYDRATION_DURATION: &str = "hydrator_hydration_duration_seconds";
-pub const S3_REQUESTS: &str = "hydrator_s3_requests_total";
-pub const CACHE_USED: &str = "hydrator_cache_used_bytes";
-pub const CACHE_CAPACITY: &str = "hydrator_cache_capacity_bytes";
-pub const CACHE_FREE: &str = "hydrator_cache_filesystem_free_bytes";
-pub const EVICTIONS: &str = "hydrator_evictions_total";
-pub const DATASETS: &str = "hydrator_datasets";
-pub const LEASES: &str = "hydrator_leases";
-pub const IO_BACKEND: &str = "hydrator_io_backend_info";
-pub const BUILD_INFO: &str = "hydrator_build_info";
+use prometheus_client::encoding::{
+    prometheus_text, EncodeLabelSet, EncodeLabelValue, LabelValueEncoder,
+};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::Registry;
+
+use super::protocol::State;
+use super::space::Pressure;
+
+/// The `Content-Type` of [`Metrics::render`]'s text.
+pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
 
 /// Upper bounds of the hydration duration histogram, in seconds.
 const DURATION_BUCKETS: [f64; 9] = [1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 14400.0, 86400.0];
 
-#[derive(Default)]
-struct Histogram {
-    counts: [u64; DURATION_BUCKETS.len()],
-    count: u64,
-    sum: f64,
+/// How a hydration ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HydrationResult {
+    Complete,
+    Failed,
+    /// Cut short by the daemon stopping.
+    Stopped,
 }
 
-/// The daemon's counters; gauges are read from its state when rendering.
-#[derive(Default)]
-pub struct Metrics {
-    /// Bytes received by finished hydrations (running ones are added when rendering).
-    pub bytes_fetched: AtomicU64,
-    pub bytes_from_cache: AtomicU64,
-    pub cache_used: AtomicU64,
-    pub cache_free: AtomicU64,
-    hydrations: Mutex<BTreeMap<&'static str, u64>>,
-    evictions: Mutex<BTreeMap<&'static str, u64>>,
-    durations: Mutex<Histogram>,
+impl HydrationResult {
+    fn label(self) -> &'static str {
+        match self {
+            HydrationResult::Complete => "complete",
+            HydrationResult::Failed => "failed",
+            HydrationResult::Stopped => "stopped",
+        }
+    }
 }
 
-impl Metrics {
-    pub fn hydration_finished(&self, result: &'static str, seconds: f64) {
-        *self
-            .hydrations
-            .lock()
-            .expect("metrics lock")
-            .entry(result)
-            .or_default() += 1;
-        let mut histogram = self.durations.lock().expect("metrics lock");
-        for (bound, count) in DURATION_BUCKETS.iter().zip(&mut histogram.counts) {
-            if seconds <= *bound {
-                *count += 1;
+/// Label values are the enums' own labels.
+macro_rules! label_values {
+    ($($kind:ty),*) => {$(
+        impl EncodeLabelValue for $kind {
+            fn encode(&self, encoder: &mut LabelValueEncoder) -> std::fmt::Result {
+                std::fmt::Write::write_str(encoder, self.label())
             }
         }
-        histogram.count += 1;
-        histogram.sum += seconds;
-    }
+    )*};
+}
+label_values!(HydrationResult, Pressure, State);
 
-    pub fn evicted(&self, reason: &'static str) {
-        *self
-            .evictions
-            .lock()
-            .expect("metrics lock")
-            .entry(reason)
-            .or_default() += 1;
-    }
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ResultLabel {
+    result: HydrationResult,
+}
 
-    pub fn add(counter: &AtomicU64, n: u64) {
-        counter.fetch_add(n, Relaxed);
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: Pressure,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct StateLabel {
+    state: State,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RequestLabels {
+    operation: String,
+    status: u16,
+}
+
+/// The daemon's counters and measured gauges; the rest is read from its state when rendering.
+pub struct Metrics {
+    /// Bytes received by finished hydrations (running ones are added when rendering).
+    bytes_fetched: Counter,
+    bytes_from_cache: Counter,
+    hydrations: Family<ResultLabel, Counter>,
+    durations: Histogram,
+    cache_used: Gauge<u64, AtomicU64>,
+    cache_free: Gauge<u64, AtomicU64>,
+    evictions: Family<ReasonLabel, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            bytes_fetched: Counter::default(),
+            bytes_from_cache: Counter::default(),
+            hydrations: Family::default(),
+            durations: Histogram::new(DURATION_BUCKETS),
+            cache_used: Gauge::default(),
+            cache_free: Gauge::default(),
+            evictions: Family::default(),
+        }
     }
 }
 
@@ -80,155 +107,227 @@ impl Metrics {
 pub struct Snapshot<'a> {
     pub bytes_fetched_running: u64,
     pub capacity: u64,
-    pub datasets_by_state: BTreeMap<&'static str, u64>,
+    pub datasets_by_state: BTreeMap<State, u64>,
     pub leases: usize,
     pub s3_requests: &'a BTreeMap<(String, u16), u64>,
     pub io_backend: &'a str,
 }
 
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-}
+impl Metrics {
+    pub fn hydration_finished(&self, result: HydrationResult, seconds: f64) {
+        self.hydrations.get_or_create(&ResultLabel { result }).inc();
+        self.durations.observe(seconds);
+    }
 
-/// The exposition text.
-pub fn render(metrics: &Metrics, now: &Snapshot<'_>) -> String {
-    let mut out = String::new();
-    let simple = |out: &mut String, name: &str, kind: &str, help: &str, value: u64| {
-        header(out, name, kind, help);
-        let _ = writeln!(out, "{name} {value}");
-    };
-    simple(
-        &mut out,
-        BYTES_FETCHED,
-        "counter",
-        "Bytes received from object storage.",
-        metrics.bytes_fetched.load(Relaxed) + now.bytes_fetched_running,
-    );
-    simple(
-        &mut out,
-        BYTES_FROM_CACHE,
-        "counter",
-        "Bytes handed out from the cache without fetching them (ready snapshots, hard-linked files).",
-        metrics.bytes_from_cache.load(Relaxed),
-    );
-    header(
-        &mut out,
-        HYDRATIONS,
-        "counter",
-        "Finished hydrations by result.",
-    );
-    for (result, count) in metrics.hydrations.lock().expect("metrics lock").iter() {
-        let _ = writeln!(out, "{HYDRATIONS}{{result=\"{result}\"}} {count}");
+    pub fn evicted(&self, reason: Pressure) {
+        self.evictions.get_or_create(&ReasonLabel { reason }).inc();
     }
-    header(
-        &mut out,
-        HYDRATION_DURATION,
-        "histogram",
-        "Duration of finished hydrations.",
-    );
-    {
-        let histogram = metrics.durations.lock().expect("metrics lock");
-        for (bound, count) in DURATION_BUCKETS.iter().zip(histogram.counts) {
-            let _ = writeln!(out, "{HYDRATION_DURATION}_bucket{{le=\"{bound}\"}} {count}");
+
+    /// Bytes a finished hydration received.
+    pub fn fetched(&self, bytes: u64) {
+        self.bytes_fetched.inc_by(bytes);
+    }
+
+    pub fn served_from_cache(&self, bytes: u64) {
+        self.bytes_from_cache.inc_by(bytes);
+    }
+
+    pub fn cache_measured(&self, used: u64, free: u64) {
+        self.cache_used.set(used);
+        self.cache_free.set(free);
+    }
+
+    /// The exposition text: the kept metrics and `now`'s, in one registry made for the scrape.
+    pub fn render(&self, now: &Snapshot<'_>) -> String {
+        let mut registry = Registry::default();
+        // The registry appends a full stop to each help text.
+        registry.register(
+            "hydrator_bytes_fetched",
+            "Bytes received from object storage",
+            ConstCounter::new(self.bytes_fetched.get() + now.bytes_fetched_running),
+        );
+        registry.register(
+            "hydrator_bytes_served_from_cache",
+            "Bytes handed out from the cache without fetching them (ready snapshots, hard-linked files)",
+            self.bytes_from_cache.clone(),
+        );
+        registry.register(
+            "hydrator_hydrations",
+            "Finished hydrations by result",
+            self.hydrations.clone(),
+        );
+        registry.register(
+            "hydrator_hydration_duration_seconds",
+            "Duration of finished hydrations",
+            self.durations.clone(),
+        );
+        let requests = Family::<RequestLabels, Counter>::default();
+        for ((operation, status), count) in now.s3_requests {
+            let labels = RequestLabels {
+                operation: operation.clone(),
+                status: *status,
+            };
+            requests.get_or_create(&labels).inc_by(*count);
         }
-        let _ = writeln!(
-            out,
-            "{HYDRATION_DURATION}_bucket{{le=\"+Inf\"}} {}\n{HYDRATION_DURATION}_sum {}\n{HYDRATION_DURATION}_count {}",
-            histogram.count, histogram.sum, histogram.count
+        registry.register(
+            "hydrator_s3_requests",
+            "S3 answers by operation and HTTP status",
+            requests,
         );
-    }
-    header(
-        &mut out,
-        S3_REQUESTS,
-        "counter",
-        "S3 answers by operation and HTTP status.",
-    );
-    for ((operation, status), count) in now.s3_requests {
-        let _ = writeln!(
-            out,
-            "{S3_REQUESTS}{{operation=\"{operation}\",status=\"{status}\"}} {count}"
+        registry.register(
+            "hydrator_cache_used_bytes",
+            "Bytes the cache uses on disk (hard-linked files counted once)",
+            self.cache_used.clone(),
         );
+        registry.register(
+            "hydrator_cache_capacity_bytes",
+            "The cache quota",
+            ConstGauge::new(now.capacity),
+        );
+        registry.register(
+            "hydrator_cache_filesystem_free_bytes",
+            "Free bytes on the cache's filesystem",
+            self.cache_free.clone(),
+        );
+        registry.register(
+            "hydrator_evictions",
+            "Snapshots evicted, by reason",
+            self.evictions.clone(),
+        );
+        let datasets = Family::<StateLabel, Gauge<u64, AtomicU64>>::default();
+        for (&state, &count) in &now.datasets_by_state {
+            datasets.get_or_create(&StateLabel { state }).set(count);
+        }
+        registry.register("hydrator_datasets", "Catalog datasets by state", datasets);
+        registry.register(
+            "hydrator_leases",
+            "Leases held",
+            ConstGauge::new(now.leases as u64),
+        );
+        registry.register(
+            "hydrator_io_backend",
+            "The write backend in use",
+            Info::new([("backend", now.io_backend.to_string())]),
+        );
+        registry.register(
+            "hydrator_build",
+            "The running build",
+            Info::new([("version", env!("CARGO_PKG_VERSION"))]),
+        );
+        let mut text = String::new();
+        prometheus_text::encode(&mut text, &registry).expect("writing to a String");
+        text
     }
-    simple(
-        &mut out,
-        CACHE_USED,
-        "gauge",
-        "Bytes the cache uses on disk (hard-linked files counted once).",
-        metrics.cache_used.load(Relaxed),
-    );
-    simple(
-        &mut out,
-        CACHE_CAPACITY,
-        "gauge",
-        "The cache quota.",
-        now.capacity,
-    );
-    simple(
-        &mut out,
-        CACHE_FREE,
-        "gauge",
-        "Free bytes on the cache's filesystem.",
-        metrics.cache_free.load(Relaxed),
-    );
-    header(
-        &mut out,
-        EVICTIONS,
-        "counter",
-        "Snapshots evicted, by reason.",
-    );
-    for (reason, count) in metrics.evictions.lock().expect("metrics lock").iter() {
-        let _ = writeln!(out, "{EVICTIONS}{{reason=\"{reason}\"}} {count}");
-    }
-    header(&mut out, DATASETS, "gauge", "Catalog datasets by state.");
-    for (state, count) in &now.datasets_by_state {
-        let _ = writeln!(out, "{DATASETS}{{state=\"{state}\"}} {count}");
-    }
-    simple(&mut out, LEASES, "gauge", "Leases held.", now.leases as u64);
-    header(&mut out, IO_BACKEND, "gauge", "The write backend in use.");
-    let _ = writeln!(out, "{IO_BACKEND}{{backend=\"{}\"}} 1", now.io_backend);
-    header(&mut out, BUILD_INFO, "gauge", "The running build.");
-    let _ = writeln!(
-        out,
-        "{BUILD_INFO}{{version=\"{}\"}} 1",
-        env!("CARGO_PKG_VERSION")
-    );
-    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn renders_counters_histogram_and_labels() {
+    fn rendered() -> String {
         let metrics = Metrics::default();
-        metrics.hydration_finished("complete", 3.0);
-        metrics.hydration_finished("failed", 100.0);
-        metrics.evicted("quota");
-        Metrics::add(&metrics.bytes_fetched, 5);
+        metrics.hydration_finished(HydrationResult::Complete, 3.0);
+        metrics.hydration_finished(HydrationResult::Failed, 100.0);
+        metrics.evicted(Pressure::Quota);
+        metrics.fetched(5);
+        metrics.served_from_cache(11);
+        metrics.cache_measured(300, 4000);
         let requests = BTreeMap::from([(("GetObject".to_string(), 206), 7)]);
-        let text = render(
-            &metrics,
-            &Snapshot {
-                bytes_fetched_running: 2,
-                capacity: 1024,
-                datasets_by_state: BTreeMap::from([("ready", 1)]),
-                leases: 3,
-                s3_requests: &requests,
-                io_backend: "pwrite",
-            },
-        );
-        for line in [
+        metrics.render(&Snapshot {
+            bytes_fetched_running: 2,
+            capacity: 1024,
+            datasets_by_state: BTreeMap::from([(State::Ready, 1), (State::Absent, 0)]),
+            leases: 3,
+            s3_requests: &requests,
+            io_backend: "pwrite",
+        })
+    }
+
+    /// The names, types, labels and help texts README.md documents, exactly.
+    #[test]
+    fn exposes_the_documented_names_types_and_labels() {
+        let text = rendered();
+        let families = [
+            ("hydrator_bytes_fetched_total", "counter", "Bytes received from object storage."),
+            ("hydrator_bytes_served_from_cache_total", "counter", "Bytes handed out from the cache without fetching them (ready snapshots, hard-linked files)."),
+            ("hydrator_hydrations_total", "counter", "Finished hydrations by result."),
+            ("hydrator_hydration_duration_seconds", "histogram", "Duration of finished hydrations."),
+            ("hydrator_s3_requests_total", "counter", "S3 answers by operation and HTTP status."),
+            ("hydrator_cache_used_bytes", "gauge", "Bytes the cache uses on disk (hard-linked files counted once)."),
+            ("hydrator_cache_capacity_bytes", "gauge", "The cache quota."),
+            ("hydrator_cache_filesystem_free_bytes", "gauge", "Free bytes on the cache's filesystem."),
+            ("hydrator_evictions_total", "counter", "Snapshots evicted, by reason."),
+            ("hydrator_datasets", "gauge", "Catalog datasets by state."),
+            ("hydrator_leases", "gauge", "Leases held."),
+            ("hydrator_io_backend_info", "gauge", "The write backend in use."),
+            ("hydrator_build_info", "gauge", "The running build."),
+        ];
+        let mut expected = Vec::new();
+        for (name, kind, help) in families {
+            expected.push(format!("# HELP {name} {help}"));
+            expected.push(format!("# TYPE {name} {kind}"));
+        }
+        let headers: Vec<&str> = text.lines().filter(|l| l.starts_with('#')).collect();
+        assert_eq!(headers, expected, "in\n{text}");
+        let samples = [
             "hydrator_bytes_fetched_total 7",
+            "hydrator_bytes_served_from_cache_total 11",
+            "hydrator_hydrations_total{result=\"complete\"} 1",
             "hydrator_hydrations_total{result=\"failed\"} 1",
+            "hydrator_hydration_duration_seconds_bucket{le=\"1\"} 0",
             "hydrator_hydration_duration_seconds_bucket{le=\"5\"} 1",
             "hydrator_hydration_duration_seconds_bucket{le=\"300\"} 2",
+            "hydrator_hydration_duration_seconds_bucket{le=\"86400\"} 2",
+            "hydrator_hydration_duration_seconds_bucket{le=\"+Inf\"} 2",
+            "hydrator_hydration_duration_seconds_sum 103.0",
             "hydrator_hydration_duration_seconds_count 2",
             "hydrator_s3_requests_total{operation=\"GetObject\",status=\"206\"} 7",
+            "hydrator_cache_used_bytes 300",
+            "hydrator_cache_capacity_bytes 1024",
+            "hydrator_cache_filesystem_free_bytes 4000",
             "hydrator_evictions_total{reason=\"quota\"} 1",
             "hydrator_datasets{state=\"ready\"} 1",
+            "hydrator_datasets{state=\"absent\"} 0",
             "hydrator_leases 3",
             "hydrator_io_backend_info{backend=\"pwrite\"} 1",
+            concat!(
+                "hydrator_build_info{version=\"",
+                env!("CARGO_PKG_VERSION"),
+                "\"} 1"
+            ),
+        ];
+        for line in samples {
+            assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+        }
+        let series = text.lines().filter(|l| !l.starts_with('#')).count();
+        assert_eq!(
+            series,
+            samples.len() + 5,
+            "the other buckets and nothing else in\n{text}"
+        );
+    }
+
+    #[test]
+    fn the_other_label_values_are_the_documented_ones() {
+        let metrics = Metrics::default();
+        metrics.hydration_finished(HydrationResult::Stopped, 1.0);
+        metrics.evicted(Pressure::FreeSpace);
+        let requests = BTreeMap::new();
+        let text = metrics.render(&Snapshot {
+            bytes_fetched_running: 0,
+            capacity: 0,
+            datasets_by_state: State::ALL.iter().map(|&s| (s, 0)).collect(),
+            leases: 0,
+            s3_requests: &requests,
+            io_backend: "io_uring",
+        });
+        for line in [
+            "hydrator_hydrations_total{result=\"stopped\"} 1",
+            "hydrator_evictions_total{reason=\"free_space_floor\"} 1",
+            "hydrator_datasets{state=\"absent\"} 0",
+            "hydrator_datasets{state=\"hydrating\"} 0",
+            "hydrator_datasets{state=\"ready\"} 0",
+            "hydrator_datasets{state=\"failed\"} 0",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
         }

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Where a dataset stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum State {
     /// Not on this node.
@@ -28,10 +28,36 @@ impl State {
     }
 }
 
+/// What a hydration is doing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Waiting for a hydration slot.
+    #[default]
+    Queued,
+    Listing,
+    /// Linking the unchanged files of the previous snapshot.
+    Linking,
+    /// Making room in the cache.
+    Reserving,
+    Downloading,
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Phase::Queued => "queued",
+            Phase::Listing => "listing",
+            Phase::Linking => "linking",
+            Phase::Reserving => "reserving",
+            Phase::Downloading => "downloading",
+        })
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Progress {
-    /// What the hydration is doing: queued, listing, linking, reserving, downloading.
-    pub phase: String,
+    pub phase: Phase,
     pub objects_done: u64,
     pub objects_total: u64,
     pub bytes_done: u64,
@@ -91,4 +117,18 @@ pub struct Lease {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ErrorBody {
     pub error: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_phase_reads_the_same_in_json_and_in_the_log() {
+        use Phase::*;
+        for phase in [Queued, Listing, Linking, Reserving, Downloading] {
+            assert_eq!(serde_json::to_value(phase).unwrap(), phase.to_string());
+        }
+        assert_eq!(serde_json::to_value(Downloading).unwrap(), "downloading");
+    }
 }

@@ -14,7 +14,8 @@ use std::time::{Instant, SystemTime};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use super::protocol::{DatasetStatus, Lease, Progress, State};
+use super::error::HydrationError;
+use super::protocol::{DatasetStatus, Lease, Phase, Progress, State};
 use crate::engine::stats::Stats;
 
 /// The daemon's own directory under the cache root.
@@ -40,7 +41,7 @@ pub struct ReadySnapshot {
 /// What a running hydration has found out so far.
 #[derive(Clone, Debug, Default)]
 pub struct FlightInfo {
-    pub phase: &'static str,
+    pub phase: Phase,
     pub snapshot: Option<String>,
     pub objects: u64,
     pub bytes: u64,
@@ -64,10 +65,7 @@ impl Flight {
         Arc::new(Self {
             stats: Arc::default(),
             started: Instant::now(),
-            info: Mutex::new(FlightInfo {
-                phase: "queued",
-                ..Default::default()
-            }),
+            info: Mutex::default(),
             done: watch::channel(false).0,
         })
     }
@@ -76,7 +74,7 @@ impl Flight {
         self.info.lock().expect("flight info lock")
     }
 
-    pub fn set_phase(&self, phase: &'static str) {
+    pub fn set_phase(&self, phase: Phase) {
         self.info().phase = phase;
     }
 
@@ -90,7 +88,7 @@ impl Flight {
     fn progress(&self) -> Progress {
         let info = self.info();
         Progress {
-            phase: info.phase.to_string(),
+            phase: info.phase,
             objects_done: self.stats.objects_finished(),
             objects_total: info.objects,
             bytes_done: Stats::get(&self.stats.bytes_received)
@@ -108,7 +106,7 @@ pub struct DatasetEntry {
     /// When `current` was last confirmed against the source's listing.
     pub checked_at: Option<Instant>,
     pub flight: Option<Arc<Flight>>,
-    pub failure: Option<String>,
+    pub failure: Option<HydrationError>,
 }
 
 #[derive(Default)]
@@ -147,7 +145,7 @@ impl Registry {
             status.progress = Some(flight.progress());
         } else if let Some(reason) = &entry.failure {
             status.state = State::Failed;
-            status.reason = Some(reason.clone());
+            status.reason = Some(reason.to_string());
         } else if let Some(digest) = &entry.current {
             let ready = &entry.ready[digest];
             status.state = State::Ready;

@@ -65,7 +65,7 @@ pub struct Budget {
 }
 
 /// Why space must be made.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Pressure {
     Quota,
     FreeSpace,

@@ -29,7 +29,8 @@ use crate::manifest::{journal, Manifest};
 use crate::plan::filter::KeyFilter;
 use crate::plan::keys::{plan_key, KeyPlan};
 use crate::report::{
-    ByteCounts, Failure, FileRecord, FileStatus, ObjectCounts, ReportSink, Summary, REPORT_VERSION,
+    ByteCounts, Failure, FileRecord, FileStatus, ObjectCounts, ReportSink, RunResult, Summary,
+    REPORT_VERSION,
 };
 use crate::snapshot;
 use crate::source::object_source::ObjectSource;
@@ -482,9 +483,9 @@ fn summarize(
         source: cfg.source.to_string(),
         dest: cfg.dest.display().to_string(),
         result: if exit == Exit::Success {
-            "complete"
+            RunResult::Complete
         } else {
-            "failed"
+            RunResult::Failed
         },
         error: fatal.map(|err| err.to_string()),
         objects: ObjectCounts {
