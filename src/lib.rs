@@ -15,6 +15,7 @@ pub mod daemon;
 pub mod demo;
 pub mod engine;
 pub mod error;
+pub mod fs;
 pub mod hash;
 pub mod manifest;
 pub mod plan;

@@ -14,17 +14,16 @@ pub mod ready;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::{self, Seek, SeekFrom, Write};
-use std::os::fd::OwnedFd;
 use std::sync::{Mutex, MutexGuard};
 
 use blake3::hazmat::ChainingValue;
 
 use journal::{JournalWriter, Record, SourceInfo, FORMAT_VERSION};
 
-use crate::write::dest::{self, Dest};
+use crate::fs::{self, Dir, OFlags};
+use crate::write::dest::Dest;
 
 const JOURNAL: &str = "manifest.journal";
-const JOURNAL_TMP: &str = "manifest.journal.tmp";
 /// Compact when the journal holds this many more records than the live state needs.
 const COMPACT_SLACK: u64 = 10_000;
 
@@ -206,7 +205,7 @@ fn same_dataset(a: &SourceInfo, b: &SourceInfo) -> bool {
 
 /// The open manifest of a DEST.
 pub struct Manifest {
-    dir: OwnedFd,
+    dir: Dir,
     source: SourceInfo,
     state: Mutex<State>,
     journal: Mutex<JournalWriter>,
@@ -217,7 +216,7 @@ impl Manifest {
     /// prefix) is set aside: DEST then starts from an empty manifest.
     pub fn open(dest: &Dest, source: &SourceInfo) -> io::Result<Self> {
         let dir = dest.state_dir()?;
-        let mut file = dest::open_in(&dir, JOURNAL, libc::O_RDWR | libc::O_CREAT)?;
+        let mut file = dir.open_file(JOURNAL, OFlags::RDWR | OFlags::CREATE)?;
         let mut state = State::default();
         let mut header: Option<Option<SourceInfo>> = None;
         let (count, intact) = journal::replay(&mut file, &mut |record| {
@@ -270,7 +269,7 @@ impl Manifest {
     /// Opens the manifest of DEST as it is, whatever its source (for `verify`).
     pub fn open_existing(dest: &Dest) -> io::Result<Option<(SourceInfo, Self)>> {
         let dir = dest.state_dir()?;
-        let mut file = match dest::open_in(&dir, JOURNAL, libc::O_RDONLY) {
+        let mut file = match dir.open_file(JOURNAL, OFlags::RDONLY) {
             Ok(file) => file,
             Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(err) => return Err(err),
@@ -353,20 +352,15 @@ impl Manifest {
         self.journal.lock().expect("journal lock").sync()
     }
 
-    /// Rewrites the journal as the live state: temp file, sync, rename, sync the directory.
+    /// Rewrites the journal as the live state, atomically ([`fs::write_atomic`]).
     pub fn compact(&self) -> io::Result<()> {
         let mut journal = self.journal.lock().expect("journal lock");
-        let tmp = dest::open_in(
-            &self.dir,
-            JOURNAL_TMP,
-            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
-        )?;
-        let mut writer = JournalWriter::new(tmp);
-        self.state().write_records(&self.source, &mut writer)?;
-        writer.sync()?;
-        dest::rename_in(&self.dir, JOURNAL_TMP, JOURNAL)?;
-        dest::sync_dir(&self.dir)?;
-        let mut file: File = dest::open_in(&self.dir, JOURNAL, libc::O_RDWR)?;
+        fs::write_atomic(&self.dir, JOURNAL, |tmp| {
+            let mut writer = JournalWriter::new(tmp.try_clone()?);
+            self.state().write_records(&self.source, &mut writer)?;
+            writer.flush()
+        })?;
+        let mut file: File = self.dir.open_file(JOURNAL, OFlags::RDWR)?;
         file.seek(SeekFrom::End(0))?;
         file.flush()?;
         *journal = JournalWriter::new(file);
@@ -382,7 +376,7 @@ impl Manifest {
         self.sync()
     }
 
-    pub fn dir(&self) -> &OwnedFd {
+    pub fn dir(&self) -> &Dir {
         &self.dir
     }
 }

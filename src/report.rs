@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use crate::fs;
 use crate::units::human_bytes;
 use crate::write::Backend;
 
@@ -156,18 +157,18 @@ impl ReportSink {
             return Ok(());
         };
         spool.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-        let tmp = sibling(&path, ".tmp");
-        let mut out = BufWriter::new(File::create(&tmp)?);
-        let head = serde_json::to_string_pretty(summary)?;
-        out.write_all(head.trim_end().trim_end_matches('}').trim_end().as_bytes())?;
-        out.write_all(b",\n  \"files\": [")?;
-        for (i, line) in BufReader::new(File::open(&spool_path)?).lines().enumerate() {
-            out.write_all(if i == 0 { b"\n    " } else { b",\n    " })?;
-            out.write_all(line?.as_bytes())?;
-        }
-        out.write_all(b"\n  ]\n}\n")?;
-        out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-        std::fs::rename(&tmp, &path)?;
+        fs::write_atomic_path(&path, |file| {
+            let mut out = BufWriter::new(file);
+            let head = serde_json::to_string_pretty(summary)?;
+            out.write_all(head.trim_end().trim_end_matches('}').trim_end().as_bytes())?;
+            out.write_all(b",\n  \"files\": [")?;
+            for (i, line) in BufReader::new(File::open(&spool_path)?).lines().enumerate() {
+                out.write_all(if i == 0 { b"\n    " } else { b",\n    " })?;
+                out.write_all(line?.as_bytes())?;
+            }
+            out.write_all(b"\n  ]\n}\n")?;
+            out.flush()
+        })?;
         std::fs::remove_file(&spool_path)
     }
 }

@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 
 use crate::config::S3Url;
 use crate::error::{SyncError, UsageError};
+use crate::fs;
 use crate::source::list::{self, ObjectEntry};
 use crate::units::unix_nanos;
 
@@ -108,16 +109,12 @@ pub async fn create(
     })
 }
 
-/// Writes the snapshot file atomically (temp file, sync, rename).
+/// Writes the snapshot file atomically ([`fs::write_atomic`]).
 pub fn write(path: &Path, snapshot: &Snapshot) -> std::io::Result<()> {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(".tmp");
-    let tmp = path.with_file_name(name);
-    let mut file = std::fs::File::create(&tmp)?;
-    serde_json::to_writer(&mut file, snapshot)?;
-    file.write_all(b"\n")?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, path)
+    fs::write_atomic_path(path, |file| {
+        serde_json::to_writer(&mut *file, snapshot)?;
+        file.write_all(b"\n")
+    })
 }
 
 /// Reads and checks a snapshot file.

@@ -3,6 +3,7 @@
 //! ready directory on stdout and exits 0 only when the dataset is ready. When no daemon answers
 //! and `--fallback SOURCE DEST` is given, it runs a direct sync instead and prints DEST.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -15,6 +16,7 @@ use crate::cli::WarmArgs;
 use crate::config::{S3Url, SyncConfig};
 use crate::daemon::protocol::{DatasetStatus, ErrorBody, Lease, LeaseRequest, State};
 use crate::error::{Exit, IoContext, SyncError, UsageError, WarmError};
+use crate::fs;
 use crate::units::human_bytes;
 
 const POLL_INTERVAL: Duration = Duration::from_millis(500);
@@ -194,9 +196,7 @@ fn announce(path: &str, path_file: Option<&std::path::Path>) -> Result<(), SyncE
     let Some(file) = path_file else {
         return Ok(());
     };
-    let tmp = file.with_extension("tmp");
-    std::fs::write(&tmp, format!("{path}\n"))
-        .and_then(|()| std::fs::rename(&tmp, file))
+    fs::write_atomic_path(file, |out| out.write_all(format!("{path}\n").as_bytes()))
         .local("--path-file: writing", file)
         .map_err(Into::into)
 }

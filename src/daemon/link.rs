@@ -14,7 +14,7 @@ use crate::manifest::journal::SourceInfo;
 use crate::manifest::{Manifest, ObjectState};
 use crate::plan::keys::{plan_key, KeyPlan};
 use crate::snapshot::Snapshot;
-use crate::write::dest::{self, Dest};
+use crate::write::dest::Dest;
 
 /// What the new snapshot got from the old one.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -61,7 +61,8 @@ pub fn link_unchanged(
         let Some(from) = old_dest.open_parent(&rel, false)? else {
             continue;
         };
-        let unchanged = dest::stat_regular_at(&from, rel.file_name())?
+        let unchanged = from
+            .stat_regular(rel.file_name())?
             .is_some_and(|st| st.inode == done.inode && st.mtime_ns == done.mtime_ns);
         if !unchanged {
             continue;
@@ -69,7 +70,7 @@ pub fn link_unchanged(
         let to = new_dest
             .open_parent(&rel, true)?
             .expect("open_parent with create returns a directory");
-        match dest::link_at(&from, &to, rel.file_name()) {
+        match from.link_to(rel.file_name(), &to) {
             Ok(()) => {}
             // Left for the engine, which replaces whatever is there.
             Err(err) if err.kind() == io::ErrorKind::AlreadyExists => continue,

@@ -17,6 +17,7 @@ use tokio::sync::watch;
 use super::error::HydrationError;
 use super::protocol::{DatasetStatus, Lease, Phase, Progress, State};
 use crate::engine::stats::Stats;
+use crate::fs;
 
 /// The daemon's own directory under the cache root.
 pub const DAEMON_DIR: &str = ".daemon";
@@ -245,12 +246,8 @@ pub fn snapshot_file(root: &Path, name: &str, digest: &str) -> PathBuf {
 
 /// Writes `state` atomically.
 pub fn save(root: &Path, state: &Persisted) -> io::Result<()> {
-    let dir = root.join(DAEMON_DIR);
-    let tmp = dir.join(format!("{STATE_FILE}.tmp"));
-    let file = std::fs::File::create(&tmp)?;
-    serde_json::to_writer(&file, state)?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, dir.join(STATE_FILE))
+    let path = root.join(DAEMON_DIR).join(STATE_FILE);
+    fs::write_atomic_path(&path, |file| Ok(serde_json::to_writer(file, state)?))
 }
 
 /// Reads `state.json`; a missing or unreadable one is an empty state (logged).

@@ -50,7 +50,7 @@ pub fn usage(dir: &Path) -> io::Result<Usage> {
 
 /// Bytes an unprivileged writer can still use on `path`'s filesystem.
 pub fn free_bytes(path: &Path) -> io::Result<u64> {
-    crate::write::dest::free_bytes(&std::fs::File::open(path)?)
+    crate::fs::free_bytes(std::fs::File::open(path)?)
 }
 
 /// The cache's limits and where it stands.

@@ -204,12 +204,7 @@ async fn download(
                     .inspect(&object.key, |o| o.is_some_and(|o| !o.parts.is_empty()));
             if !keep {
                 let partial = rel.partial_name();
-                let _ = blocking(move || {
-                    dest::cstring(&partial)
-                        .and_then(|name| dest::unlink_at(&dir, &name))
-                        .local("removing", &partial)
-                })
-                .await;
+                let _ = blocking(move || dir.unlink(&partial).local("removing", &partial)).await;
             }
             Err(err)
         }

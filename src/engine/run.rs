@@ -3,7 +3,6 @@
 //! tasks and gather their results) and `finish` (flush, `--delete`, READY, compaction, the
 //! summary and the report).
 
-use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -23,6 +22,7 @@ use crate::config::{
     Concurrency, SyncConfig, BUFFERS_PER_REQUEST, SPARE_BUFFERS, WRITE_BUFFER_SIZE,
 };
 use crate::error::{Exit, IoContext, LocalError, ObjectError, SyncError, UsageError};
+use crate::fs::Dir;
 use crate::manifest::lock::{self, DestLock};
 use crate::manifest::ready::{self, Ready};
 use crate::manifest::{journal, Manifest};
@@ -111,7 +111,7 @@ pub async fn run_with(cfg: SyncConfig, mut hooks: Hooks) -> Result<Outcome, Sync
 struct Prepared {
     ctx: Arc<Ctx>,
     filter: KeyFilter,
-    state_dir: OwnedFd,
+    state_dir: Dir,
     state_path: PathBuf,
     _lock: DestLock,
     sink: ReportSink,
@@ -397,7 +397,7 @@ fn buffer_count(concurrency: Concurrency) -> usize {
 }
 
 /// Writes READY over every object this run listed and holds.
-fn write_ready(cfg: &SyncConfig, state_dir: &OwnedFd, manifest: &Manifest) -> std::io::Result<()> {
+fn write_ready(cfg: &SyncConfig, state_dir: &Dir, manifest: &Manifest) -> std::io::Result<()> {
     let (digest, objects, bytes) = {
         // Borrowed from the state: no copy of every path at the end of a large run.
         let state = manifest.state();
@@ -428,11 +428,7 @@ fn write_ready(cfg: &SyncConfig, state_dir: &OwnedFd, manifest: &Manifest) -> st
 
 /// With `--snapshot`, a DEST whose READY names the same snapshot and filters is done: no S3
 /// request. Checked under the lock, so no other hydrator is changing DEST meanwhile.
-fn snapshot_already_there(
-    cfg: &SyncConfig,
-    state_dir: &OwnedFd,
-    started: Instant,
-) -> Option<Outcome> {
+fn snapshot_already_there(cfg: &SyncConfig, state_dir: &Dir, started: Instant) -> Option<Outcome> {
     let snapshot = cfg.snapshot.as_ref()?;
     let ready = ready::read(state_dir).filter(|r| {
         r.snapshot.as_deref() == Some(snapshot.digest.as_str())

@@ -141,9 +141,14 @@ impl JournalWriter {
         Ok(())
     }
 
+    /// Hands everything appended so far to the kernel.
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
+
     /// Makes everything appended so far durable.
     pub fn sync(&mut self) -> io::Result<()> {
-        self.out.flush()?;
+        self.flush()?;
         self.out.get_ref().sync_data()
     }
 }

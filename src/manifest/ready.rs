@@ -1,5 +1,5 @@
-//! `DEST/.hydrator/READY`: removed before a sync changes anything, written last (temp file,
-//! sync, rename, sync the directory) once every file is published and durable.
+//! `DEST/.hydrator/READY`: removed before a sync changes anything, written last (with
+//! [`fs::write_atomic`]) once every file is published and durable.
 //!
 //! Contract for the training container: the dataset in DEST is complete and verified exactly
 //! when `DEST/.hydrator/READY` exists; its `digest` identifies the dataset's content (BLAKE3
@@ -7,14 +7,12 @@
 //! the same bytes.
 
 use std::io::{self, Read, Write};
-use std::os::fd::OwnedFd;
 
 use serde::{Deserialize, Serialize};
 
-use crate::write::dest;
+use crate::fs::{self, Dir, OFlags};
 
 const READY: &str = "READY";
-const READY_TMP: &str = "READY.tmp";
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Ready {
@@ -48,27 +46,21 @@ pub fn dataset_digest<P: AsRef<str>>(mut entries: Vec<(P, u64, [u8; 32])>) -> bl
 }
 
 /// Removes READY (durably) before anything in DEST changes.
-pub fn remove(state_dir: &OwnedFd) -> io::Result<()> {
-    dest::unlink_at(state_dir, &dest::cstring(READY)?)?;
-    dest::sync_dir(state_dir)
+pub fn remove(state_dir: &Dir) -> io::Result<()> {
+    state_dir.unlink(READY)?;
+    state_dir.sync()
 }
 
-pub fn write(state_dir: &OwnedFd, ready: &Ready) -> io::Result<()> {
-    let mut file = dest::open_in(
-        state_dir,
-        READY_TMP,
-        libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
-    )?;
-    file.write_all(&serde_json::to_vec_pretty(ready)?)?;
-    file.write_all(b"\n")?;
-    file.sync_all()?;
-    dest::rename_in(state_dir, READY_TMP, READY)?;
-    dest::sync_dir(state_dir)
+pub fn write(state_dir: &Dir, ready: &Ready) -> io::Result<()> {
+    fs::write_atomic(state_dir, READY, |file| {
+        file.write_all(&serde_json::to_vec_pretty(ready)?)?;
+        file.write_all(b"\n")
+    })
 }
 
 /// READY's content, if present and readable.
-pub fn read(state_dir: &OwnedFd) -> Option<Ready> {
-    let mut file = dest::open_in(state_dir, READY, libc::O_RDONLY).ok()?;
+pub fn read(state_dir: &Dir) -> Option<Ready> {
+    let mut file = state_dir.open_file(READY, OFlags::RDONLY).ok()?;
     let mut text = String::new();
     file.read_to_string(&mut text).ok()?;
     serde_json::from_str(&text).ok()

@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::dest::{self, Dest, FinalStat, Syncer};
+use super::dest::{self, Dest, Syncer};
+use crate::fs::FileStat;
 use crate::manifest::{Completed, Manifest};
 use crate::plan::keys::RelPath;
 
@@ -138,17 +139,15 @@ fn commit_batch(dest: &Dest, syncer: &Syncer, manifest: &Manifest, batch: Vec<Jo
 
 /// Renames `rel`'s partial file to its final name and returns what is now there; on failure
 /// the partial file is removed.
-fn publish_one(dest: &Dest, rel: &RelPath) -> io::Result<FinalStat> {
+fn publish_one(dest: &Dest, rel: &RelPath) -> io::Result<FileStat> {
     let dir = dest
         .open_parent(rel, false)?
         .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "its directory vanished"))?;
     let partial = rel.partial_name();
     dest::publish(&dir, &partial, rel.file_name()).inspect_err(|_| {
-        if let Ok(name) = dest::cstring(&partial) {
-            let _ = dest::unlink_at(&dir, &name);
-        }
+        let _ = dir.unlink(&partial);
     })?;
-    dest::stat_regular_at(&dir, rel.file_name())?.ok_or_else(|| {
+    dir.stat_regular(rel.file_name())?.ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::NotFound,
             "the file vanished right after its rename",

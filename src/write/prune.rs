@@ -8,7 +8,7 @@
 use std::collections::HashSet;
 use std::io;
 
-use super::dest::{cstring, unlink_at, Dest};
+use super::dest::Dest;
 use super::walk::walk;
 use crate::manifest::Manifest;
 use crate::plan::filter::KeyFilter;
@@ -44,7 +44,7 @@ pub fn remove_unlisted(dest: &Dest, manifest: &Manifest, filter: &KeyFilter) -> 
             path = entry.path,
             "--delete: removing a file that is not in the source"
         );
-        unlink_at(entry.dir, &cstring(entry.name)?)?;
+        entry.dir.unlink(entry.name)?;
         removed += 1;
         Ok(())
     })?;
