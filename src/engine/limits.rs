@@ -44,25 +44,21 @@ fn bound(open_files: u64, requests: usize, objects: usize) -> InFlight {
 
 /// The soft open-file limit after raising it as far as the hard one allows.
 fn raise_open_file_limit() -> u64 {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let limit = getrlimit(Resource::Nofile);
+    // `None` is unlimited.
+    let (soft, hard) = (
+        limit.current.unwrap_or(u64::MAX),
+        limit.maximum.unwrap_or(u64::MAX),
+    );
+    let raised = Rlimit {
+        current: limit.maximum,
+        maximum: limit.maximum,
     };
-    // SAFETY: a valid, writable rlimit.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
-        return 1024;
+    if soft < hard && setrlimit(Resource::Nofile, raised).is_ok() {
+        return hard;
     }
-    if limit.rlim_cur < limit.rlim_max {
-        let raised = libc::rlimit {
-            rlim_cur: limit.rlim_max,
-            ..limit
-        };
-        // SAFETY: a valid rlimit; raising the soft limit up to the hard one is always allowed.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
-            return raised.rlim_cur;
-        }
-    }
-    limit.rlim_cur
+    soft
 }
 
 #[cfg(test)]
