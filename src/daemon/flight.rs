@@ -125,12 +125,15 @@ async fn hydrate(
     }
     let concurrency = daemon.catalog().cache.concurrency;
     let dir = |digest: &str| registry::snapshot_dir(&daemon.root, name, digest);
-    let mut cfg = dataset.sync_config(Default::default(), concurrency);
+    let mut cfg = dataset
+        .sync_config(Default::default(), concurrency)
+        .map_err(|e| e.to_string())?;
     flight.set_phase("listing");
     let snapshot = match resume.or_else(|| dataset.pinned.clone()) {
         Some(snapshot) => snapshot,
         None => {
-            let client = client::build(&cfg, daemon.budget.slots.responses.clone()).await;
+            let client =
+                client::build(cfg.client_settings(), daemon.budget.slots.responses.clone()).await;
             let listed = snapshot::create(client, &dataset.source, dataset.endpoint.clone())
                 .await
                 .map_err(|e| e.to_string())?;
@@ -155,7 +158,7 @@ async fn hydrate(
         let (root, name, source, snapshot) = (
             daemon.root.clone(),
             name.to_string(),
-            cfg.source_info(),
+            crate::manifest::journal::SourceInfo::from(&cfg),
             snapshot.clone(),
         );
         flight.set_phase("linking");

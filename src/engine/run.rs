@@ -13,9 +13,7 @@ use super::limits;
 use super::object::mirror_object;
 use super::progress::Progress;
 use super::stats::Stats;
-use crate::config::{
-    Concurrency, SyncConfig, BUFFERS_PER_REQUEST, SPARE_BUFFERS, WRITE_BUFFER_SIZE,
-};
+use crate::config::{Concurrency, SyncConfig, BUFFERS_PER_REQUEST, SPARE_BUFFERS};
 use crate::error::{Exit, IoContext, LocalError, ObjectError, SyncError, UsageError};
 use crate::manifest::ready::{self, Ready};
 use crate::manifest::{journal, lock, Manifest};
@@ -28,7 +26,7 @@ use crate::snapshot;
 use crate::source::object_source::ObjectSource;
 use crate::source::s3::S3Source;
 use crate::source::{client, list};
-use crate::write::buffer::BufferPool;
+use crate::write::buffer::{BufferPool, WRITE_BUFFER_SIZE};
 use crate::write::commit::Committer;
 use crate::write::dest::Dest;
 use crate::write::prune;
@@ -136,8 +134,8 @@ pub async fn run_with(cfg: SyncConfig, hooks: Hooks) -> Result<Outcome, SyncErro
     })?;
     let writers = Writers::start(cfg.io_backend)?;
     let state_path = cfg.dest.join(".hydrator");
-    let manifest =
-        Manifest::open(&dest, &cfg.source_info()).local("opening the manifest in", &state_path)?;
+    let manifest = Manifest::open(&dest, &journal::SourceInfo::from(&cfg))
+        .local("opening the manifest in", &state_path)?;
     ready::remove(&state_dir).local("removing READY from", &state_path)?;
     tracing::info!(backend = %writers.backend, "writing with {}", writers.backend);
     let dest = Arc::new(dest);
@@ -148,15 +146,15 @@ pub async fn run_with(cfg: SyncConfig, hooks: Hooks) -> Result<Outcome, SyncErro
     let stats = hooks.stats;
     let (budget, controller) = match hooks.budget {
         Some(budget) => (budget, None),
-        None => Budget::new(cfg.concurrency),
+        None => Budget::new(cfg.concurrency()),
     };
     let request_slots = budget.slots;
     let ctx = Arc::new(Ctx {
         source: Arc::new(S3Source::new(
-            client::build(&cfg, request_slots.responses.clone()).await,
+            client::build(cfg.client_settings(), request_slots.responses.clone()).await,
         )),
         bucket: cfg.source.bucket.clone(),
-        part_size: cfg.part_size,
+        part_size: cfg.part_size(),
         direct_io: cfg.direct_io,
         dest: dest.clone(),
         pool: budget.pool,
