@@ -1,12 +1,16 @@
 //! Command line: every option of `sync` can also be set through an environment variable, as
-//! init containers are usually configured that way.
+//! init containers are usually configured that way. The settings' own types know nothing of
+//! clap; their command-line side (value enums, value parsers) is here, and the options go into a
+//! [`SyncConfigBuilder`].
 
 use std::path::PathBuf;
 
+use clap::builder::PossibleValue;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::config::{self, IoBackendChoice, ProgressMode, S3Url, SyncConfig};
+use crate::config::{self, IoBackendChoice, ProgressMode, SyncConfig, SyncConfigBuilder};
 use crate::error::UsageError;
+use crate::source::url::S3Url;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -39,6 +43,26 @@ pub enum LogFormat {
     Text,
     Json,
 }
+
+/// The command-line values of the settings' enums: their variants' names in kebab case.
+macro_rules! value_enum {
+    ($type:ident { $($variant:ident => $value:literal),+ $(,)? }) => {
+        impl ValueEnum for $type {
+            fn value_variants<'a>() -> &'a [Self] {
+                &[$($type::$variant),+]
+            }
+
+            fn to_possible_value(&self) -> Option<PossibleValue> {
+                Some(PossibleValue::new(match self {
+                    $($type::$variant => $value),+
+                }))
+            }
+        }
+    };
+}
+
+value_enum!(IoBackendChoice { Auto => "auto", IoUring => "io-uring", Pwrite => "pwrite" });
+value_enum!(ProgressMode { Auto => "auto", Bar => "bar", Log => "log", None => "none" });
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -229,28 +253,22 @@ impl SyncArgs {
                 ))
             }
         };
-        let mut config = self.options.apply(SyncConfig::new(source, dest));
-        if let (Some(snapshot), None) = (&snapshot, &config.endpoint) {
-            config.path_style = self
-                .options
-                .connection
-                .path_style
-                .unwrap_or(snapshot.endpoint.is_some());
-            config.endpoint = snapshot.endpoint.clone();
+        let mut config = self.options.apply(SyncConfig::builder(source, dest));
+        if let Some(snapshot) = &snapshot {
+            config.endpoint = config.endpoint.or_else(|| snapshot.endpoint.clone());
         }
         config.snapshot = snapshot;
-        config.validate()?;
-        Ok(config)
+        config.build()
     }
 }
 
 impl ConnectionOptions {
-    pub fn apply(&self, config: SyncConfig) -> SyncConfig {
-        let endpoint = self.endpoint_url.clone().filter(|e| !e.is_empty());
-        SyncConfig {
-            path_style: self.path_style.unwrap_or(endpoint.is_some()),
-            endpoint,
+    /// Sets where the server is; empty values (an empty environment variable) count as unset.
+    pub fn apply(&self, config: SyncConfigBuilder) -> SyncConfigBuilder {
+        SyncConfigBuilder {
+            endpoint: self.endpoint_url.clone().filter(|e| !e.is_empty()),
             region: self.region.clone().filter(|r| !r.is_empty()),
+            path_style: self.path_style,
             ..config
         }
     }
@@ -258,8 +276,8 @@ impl ConnectionOptions {
 
 impl SyncOptions {
     /// Applies every option to `config`.
-    pub fn apply(&self, config: SyncConfig) -> SyncConfig {
-        SyncConfig {
+    pub fn apply(&self, config: SyncConfigBuilder) -> SyncConfigBuilder {
+        SyncConfigBuilder {
             concurrency: self.concurrency,
             part_size: self.part_size,
             include: self.include.clone(),

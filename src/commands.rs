@@ -1,10 +1,11 @@
 //! The subcommands other than `sync` and `demo`, and how a run's outcome is shown.
 
 use crate::cli::{SnapshotArgs, VerifyArgs};
-use crate::config::{S3Url, SyncConfig};
+use crate::config::SyncConfig;
 use crate::engine::{self, Outcome};
 use crate::error::{Exit, IoContext, SyncError, UsageError};
 use crate::source::client;
+use crate::source::url::S3Url;
 use crate::{snapshot, verify as check};
 
 /// Prints a sync's error, failures and closing line; returns its exit code.
@@ -50,15 +51,10 @@ pub async fn verify(args: VerifyArgs) -> Result<Exit, SyncError> {
         bucket: source.bucket.clone(),
         prefix: source.prefix.clone(),
     };
-    let mut config = args.options.apply(SyncConfig::new(url, args.dest.clone()));
-    if config.endpoint.is_none() {
-        config.path_style = args
-            .options
-            .connection
-            .path_style
-            .unwrap_or(source.endpoint.is_some());
-        config.endpoint = source.endpoint;
-    }
+    let mut config = args
+        .options
+        .apply(SyncConfig::builder(url, args.dest.clone()));
+    config.endpoint = config.endpoint.or(source.endpoint);
     if config.include.is_empty() && config.exclude.is_empty() {
         config.include = source.include;
         config.exclude = source.exclude;
@@ -86,17 +82,18 @@ pub async fn verify(args: VerifyArgs) -> Result<Exit, SyncError> {
             Some(std::sync::Arc::new(snapshot))
         }
     };
-    Ok(print_outcome(engine::run(config).await?))
+    Ok(print_outcome(engine::run(config.build()?).await?))
 }
 
 pub async fn snapshot(args: SnapshotArgs) -> Result<Exit, SyncError> {
     let url = S3Url::parse(&args.source)?;
     let config = args
         .connection
-        .apply(SyncConfig::new(url.clone(), Default::default()));
-    config.validate()?;
-    let client = client::build(&config, Default::default()).await;
-    let snapshot = snapshot::create(client, &url, config.endpoint.clone()).await?;
+        .apply(SyncConfig::builder(url.clone(), Default::default()))
+        .build()?;
+    let settings = config.client_settings();
+    let client = client::build(settings, Default::default()).await;
+    let snapshot = snapshot::create(client, &url, settings.endpoint.clone()).await?;
     snapshot::write(&args.output, &snapshot).local("writing", &args.output)?;
     println!(
         "hydrator: snapshot of {url}: {} objects ({}), digest {} written to {}",

@@ -1,31 +1,37 @@
-//! Validated settings for a sync, with their defaults in one place.
+//! The settings of a sync: [`SyncConfigBuilder`] gathers them from a front-end (the command
+//! line, a daemon catalog entry, `warm --fallback`), fills in what follows from others and
+//! validates them once; a [`SyncConfig`] that exists is valid. Defaults are in one place.
+//!
+//! Tuning constants live beside the code that uses them (client time-outs in
+//! [`source::client`](crate::source::client), the write buffer size in
+//! [`write::buffer`](crate::write::buffer)); those below are the user-facing limits and the
+//! engine's.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::UsageError;
+use crate::snapshot::Snapshot;
+use crate::source::client::{ClientSettings, StaticCredentials};
+use crate::source::url::S3Url;
 
 pub const DEFAULT_PART_SIZE: u64 = 8 << 20;
 pub const MIN_PART_SIZE: u64 = 1 << 20;
+/// Requests in flight when a `--concurrency auto` run starts.
+pub const AUTO_INITIAL_CONCURRENCY: usize = 4;
 /// Most requests in flight `--concurrency auto` may climb to.
 pub const AUTO_MAX_CONCURRENCY: usize = 64;
 /// Most requests in flight a fixed `--concurrency` may ask for.
 pub const MAX_CONCURRENCY: usize = 1024;
-/// Size of one pooled write buffer. Parts stream through several of these.
-pub const WRITE_BUFFER_SIZE: usize = 1 << 20;
 /// Pool buffers per in-flight GET: one being filled, one queued at a writer.
 pub const BUFFERS_PER_REQUEST: usize = 2;
 /// Spare buffers so that writers never idle while GETs refill.
 pub const SPARE_BUFFERS: usize = 4;
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-pub const FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(10);
-pub const STALL_GRACE: Duration = Duration::from_secs(5);
 /// Times an object is restarted from scratch after it changed on the server mid-download.
 pub const MAX_OBJECT_RESTARTS: u32 = 3;
 /// Attempts per part for errors the SDK does not retry (body truncation, stall, reset).
 pub const MAX_PART_ATTEMPTS: u32 = 6;
-/// SDK attempts per request (5xx, throttling, connection errors before the body).
-pub const SDK_MAX_ATTEMPTS: u32 = 5;
 pub const PROGRESS_LOG_INTERVAL: Duration = Duration::from_secs(5);
 /// A part body slower than this (bytes per second of waiting on the network), once
 /// [`SLOW_BODY_GRACE`] of waiting has passed, is abandoned and retried: a slow-loris body
@@ -33,101 +39,32 @@ pub const PROGRESS_LOG_INTERVAL: Duration = Duration::from_secs(5);
 pub const MIN_BODY_RATE: u64 = 64 << 10;
 pub const SLOW_BODY_GRACE: Duration = Duration::from_secs(10);
 
-/// `s3://bucket/prefix/`: the prefix, if not empty, always ends with `/`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct S3Url {
-    pub bucket: String,
-    pub prefix: String,
-}
-
-impl S3Url {
-    pub fn parse(url: &str) -> Result<Self, UsageError> {
-        let bad = |why: &str| UsageError::new(format!("invalid source URL {url:?}: {why}"));
-        let rest = url
-            .strip_prefix("s3://")
-            .ok_or_else(|| bad("expected s3://BUCKET/PREFIX/"))?;
-        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-        if bucket.is_empty() {
-            return Err(bad("the bucket name is missing"));
-        }
-        validate_bucket_name(bucket).map_err(|why| bad(&why))?;
-        if prefix.contains('\0') {
-            return Err(bad("the prefix contains a NUL byte"));
-        }
-        let mut prefix = prefix.to_string();
-        if !prefix.is_empty() && !prefix.ends_with('/') {
-            prefix.push('/');
-        }
-        Ok(Self {
-            bucket: bucket.to_string(),
-            prefix,
-        })
-    }
-}
-
-impl std::fmt::Display for S3Url {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "s3://{}/{}", self.bucket, self.prefix)
-    }
-}
-
-/// S3 bucket naming rules (3–63 characters of lowercase letters, digits, `.` and `-`,
-/// starting and ending with a letter or digit). Underscores and capitals are accepted too,
-/// as some on-premise servers allow legacy names.
-fn validate_bucket_name(name: &str) -> Result<(), String> {
-    if !(3..=63).contains(&name.len()) {
-        return Err(format!(
-            "bucket name {name:?} must be 3 to 63 characters long"
-        ));
-    }
-    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_');
-    if !name.chars().all(ok_char) {
-        return Err(format!(
-            "bucket name {name:?} may only hold letters, digits, '.', '-' and '_'"
-        ));
-    }
-    let edge_ok = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
-    if !edge_ok(name.chars().next()) || !edge_ok(name.chars().last()) {
-        return Err(format!(
-            "bucket name {name:?} must start and end with a letter or digit"
-        ));
-    }
-    Ok(())
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+/// The write backend asked for: `Auto` probes io_uring and falls back to pwrite.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IoBackendChoice {
     Auto,
     IoUring,
     Pwrite,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+/// How progress is shown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProgressMode {
+    /// Bars on a terminal, log lines otherwise.
     Auto,
     Bar,
     Log,
     None,
 }
 
-/// Static credentials, for the embedded demo server; the CLI uses the standard AWS chain.
-#[derive(Clone, Debug)]
-pub struct StaticCredentials {
-    pub access_key: String,
-    pub secret_key: String,
-}
-
-/// Everything a sync needs, validated.
+/// Everything a sync needs, validated: only [`SyncConfigBuilder::build`] makes one.
 #[derive(Clone, Debug)]
 pub struct SyncConfig {
     pub source: S3Url,
     pub dest: PathBuf,
-    pub endpoint: Option<String>,
-    pub region: Option<String>,
-    pub path_style: bool,
-    pub credentials: Option<StaticCredentials>,
-    pub concurrency: Concurrency,
-    pub part_size: u64,
+    client: ClientSettings,
+    concurrency: Concurrency,
+    part_size: u64,
     pub include: Vec<String>,
     pub exclude: Vec<String>,
     pub io_backend: IoBackendChoice,
@@ -139,18 +76,18 @@ pub struct SyncConfig {
     /// Longest wait for another hydrator working on DEST; `None` waits as long as it takes.
     pub lock_timeout: Option<Duration>,
     /// Hydrate exactly this snapshot instead of the live listing.
-    pub snapshot: Option<std::sync::Arc<crate::snapshot::Snapshot>>,
+    pub snapshot: Option<Arc<Snapshot>>,
 }
 
 impl SyncConfig {
-    /// A config with the defaults for everything but what says where to read and write.
-    pub fn new(source: S3Url, dest: PathBuf) -> Self {
-        Self {
+    /// A builder with the defaults for everything but what says where to read and write.
+    pub fn builder(source: S3Url, dest: PathBuf) -> SyncConfigBuilder {
+        SyncConfigBuilder {
             source,
             dest,
             endpoint: None,
             region: None,
-            path_style: false,
+            path_style: None,
             credentials: None,
             concurrency: Concurrency::Auto,
             part_size: DEFAULT_PART_SIZE,
@@ -166,18 +103,20 @@ impl SyncConfig {
         }
     }
 
-    /// What the manifest records as the dataset's source.
-    pub fn source_info(&self) -> crate::manifest::journal::SourceInfo {
-        crate::manifest::journal::SourceInfo {
-            endpoint: self.endpoint.clone(),
-            bucket: self.source.bucket.clone(),
-            prefix: self.source.prefix.clone(),
-            include: self.include.clone(),
-            exclude: self.exclude.clone(),
-            snapshot: self.snapshot.as_ref().map(|s| s.digest.clone()),
-        }
+    /// Where the S3 server is and how to talk to it.
+    pub fn client_settings(&self) -> &ClientSettings {
+        &self.client
     }
 
+    pub fn concurrency(&self) -> Concurrency {
+        self.concurrency
+    }
+
+    pub fn part_size(&self) -> u64 {
+        self.part_size
+    }
+
+    /// Checks the settings. [`SyncConfigBuilder::build`] runs this, so every `SyncConfig` passes.
     pub fn validate(&self) -> Result<(), UsageError> {
         if self.part_size < MIN_PART_SIZE || !self.part_size.is_power_of_two() {
             return Err(UsageError::new(format!(
@@ -192,7 +131,7 @@ impl SyncConfig {
                 )));
             }
         }
-        if let Some(endpoint) = &self.endpoint {
+        if let Some(endpoint) = &self.client.endpoint {
             let ok = endpoint.starts_with("http://") || endpoint.starts_with("https://");
             if !ok || endpoint.len() <= "https://".len() {
                 return Err(UsageError::new(format!(
@@ -201,6 +140,63 @@ impl SyncConfig {
             }
         }
         Ok(())
+    }
+}
+
+/// The settings of a sync as a front-end gathers them; [`build`](Self::build) turns them into a
+/// [`SyncConfig`].
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct SyncConfigBuilder {
+    pub source: S3Url,
+    pub dest: PathBuf,
+    /// A custom S3 endpoint; `None`: AWS.
+    pub endpoint: Option<String>,
+    pub region: Option<String>,
+    /// Path-style addressing; `None`: on when an endpoint is given.
+    pub path_style: Option<bool>,
+    /// Static credentials; `None`: the standard AWS chain.
+    pub credentials: Option<StaticCredentials>,
+    pub concurrency: Concurrency,
+    pub part_size: u64,
+    pub include: Vec<String>,
+    pub exclude: Vec<String>,
+    pub io_backend: IoBackendChoice,
+    pub direct_io: bool,
+    pub report: Option<PathBuf>,
+    pub progress: ProgressMode,
+    pub delete: bool,
+    pub lock_timeout: Option<Duration>,
+    pub snapshot: Option<Arc<Snapshot>>,
+}
+
+impl SyncConfigBuilder {
+    /// The validated config.
+    pub fn build(self) -> Result<SyncConfig, UsageError> {
+        let config = SyncConfig {
+            client: ClientSettings {
+                path_style: self.path_style.unwrap_or(self.endpoint.is_some()),
+                endpoint: self.endpoint,
+                region: self.region,
+                credentials: self.credentials,
+                max_requests: self.concurrency.max(),
+            },
+            source: self.source,
+            dest: self.dest,
+            concurrency: self.concurrency,
+            part_size: self.part_size,
+            include: self.include,
+            exclude: self.exclude,
+            io_backend: self.io_backend,
+            direct_io: self.direct_io,
+            report: self.report,
+            progress: self.progress,
+            delete: self.delete,
+            lock_timeout: self.lock_timeout,
+            snapshot: self.snapshot,
+        };
+        config.validate()?;
+        Ok(config)
     }
 }
 
@@ -215,7 +211,7 @@ impl Concurrency {
     /// The requests in flight a run starts with.
     pub fn initial(self) -> usize {
         match self {
-            Self::Auto => crate::engine::adaptive::INITIAL,
+            Self::Auto => AUTO_INITIAL_CONCURRENCY,
             Self::Fixed(n) => n,
         }
     }
@@ -229,14 +225,19 @@ impl Concurrency {
     }
 }
 
+/// A `--concurrency` that is neither `auto` nor a number.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?} is neither auto nor a number")]
+pub struct BadConcurrency(String);
+
 /// Parses `--concurrency`: `auto` or a number.
-pub fn parse_concurrency(text: &str) -> Result<Concurrency, String> {
+pub fn parse_concurrency(text: &str) -> Result<Concurrency, BadConcurrency> {
     match text.trim() {
         "auto" => Ok(Concurrency::Auto),
         n => n
             .parse()
             .map(Concurrency::Fixed)
-            .map_err(|_| format!("{text:?} is neither auto nor a number")),
+            .map_err(|_| BadConcurrency(text.to_string())),
     }
 }
 
@@ -244,22 +245,56 @@ pub fn parse_concurrency(text: &str) -> Result<Concurrency, String> {
 mod tests {
     use super::*;
 
+    fn builder() -> SyncConfigBuilder {
+        SyncConfig::builder(S3Url::parse("s3://bucket/data").unwrap(), "/dest".into())
+    }
+
     #[test]
-    fn parses_urls() {
-        let u = S3Url::parse("s3://my-bucket/data/train").unwrap();
-        assert_eq!(u.bucket, "my-bucket");
-        assert_eq!(u.prefix, "data/train/");
-        assert_eq!(S3Url::parse("s3://my-bucket").unwrap().prefix, "");
-        assert_eq!(S3Url::parse("s3://my-bucket/").unwrap().prefix, "");
-        for bad in [
-            "my-bucket/x",
-            "s3://",
-            "s3:///x",
-            "s3://ab/x",
-            "s3://Bad Bucket/",
-            "http://b/x",
-        ] {
-            assert!(S3Url::parse(bad).is_err(), "{bad}");
+    fn path_style_follows_the_endpoint_unless_set() {
+        let path_style = |b: SyncConfigBuilder| b.build().unwrap().client.path_style;
+        assert!(!path_style(builder()));
+        let custom = SyncConfigBuilder {
+            endpoint: Some("http://127.0.0.1:9000".into()),
+            ..builder()
+        };
+        assert!(path_style(custom.clone()));
+        let virtual_hosted = SyncConfigBuilder {
+            path_style: Some(false),
+            ..custom
+        };
+        assert!(!path_style(virtual_hosted));
+    }
+
+    #[test]
+    fn build_validates() {
+        let bad = [
+            SyncConfigBuilder {
+                part_size: 3 << 20,
+                ..builder()
+            },
+            SyncConfigBuilder {
+                concurrency: Concurrency::Fixed(0),
+                ..builder()
+            },
+            SyncConfigBuilder {
+                endpoint: Some("minio:9000".into()),
+                ..builder()
+            },
+        ];
+        for b in bad {
+            assert!(b.clone().build().is_err(), "{b:?}");
         }
+        let config = builder().build().unwrap();
+        assert_eq!(config.client_settings().max_requests, AUTO_MAX_CONCURRENCY);
+    }
+
+    #[test]
+    fn parses_concurrency() {
+        assert_eq!(parse_concurrency(" auto").unwrap(), Concurrency::Auto);
+        assert_eq!(parse_concurrency("16").unwrap(), Concurrency::Fixed(16));
+        assert_eq!(
+            parse_concurrency("lots").unwrap_err().to_string(),
+            "\"lots\" is neither auto nor a number"
+        );
     }
 }

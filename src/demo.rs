@@ -8,9 +8,10 @@ pub mod server;
 use std::path::PathBuf;
 
 use crate::cli::DemoArgs;
-use crate::config::{S3Url, SyncConfig};
+use crate::config::{SyncConfig, SyncConfigBuilder};
 use crate::engine::{self, Outcome};
 use crate::error::{Exit, IoContext, SyncError};
+use crate::source::url::S3Url;
 
 const BUCKET: &str = "demo-datasets";
 const PREFIX: &str = "imagenet-mini/";
@@ -46,20 +47,20 @@ pub async fn run(args: DemoArgs) -> Result<Outcome, SyncError> {
         crate::units::human_bytes(expected.iter().map(|f| f.size).sum()),
         dest.display()
     );
-    let cfg = SyncConfig {
+    let cfg = SyncConfigBuilder {
         endpoint: Some(server.endpoint.clone()),
-        path_style: true,
         credentials: Some(server.credentials.clone()),
         io_backend: args.io_backend,
         progress: args.progress,
-        ..SyncConfig::new(
+        ..SyncConfig::builder(
             S3Url {
                 bucket: BUCKET.into(),
                 prefix: PREFIX.into(),
             },
             dest.clone(),
         )
-    };
+    }
+    .build()?;
     let mut outcome = engine::run(cfg).await?;
     if outcome.exit == Exit::Success {
         match dataset::verify(&dest, &expected) {

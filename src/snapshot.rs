@@ -11,10 +11,10 @@ use std::time::{Duration, SystemTime};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-use crate::config::S3Url;
 use crate::error::{SyncError, UsageError};
 use crate::fs;
 use crate::source::list::{self, ObjectEntry};
+use crate::source::url::S3Url;
 use crate::units::unix_nanos;
 
 pub const SNAPSHOT_VERSION: u32 = 1;

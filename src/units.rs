@@ -31,8 +31,19 @@ pub fn now_rfc3339() -> String {
         .unwrap_or_default()
 }
 
+/// A size that [`parse_size`] does not understand.
+#[derive(Debug, thiserror::Error)]
+pub enum SizeError {
+    #[error("{0:?} is not a size (examples: 8MiB, 16M, 1048576)")]
+    NotASize(String),
+    #[error("unknown size unit {0:?} (use KiB, MiB or GiB)")]
+    UnknownUnit(String),
+    #[error("{0:?} is too large")]
+    TooLarge(String),
+}
+
 /// Parses sizes such as `8388608`, `8MiB`, `8M`, `1GiB`.
-pub fn parse_size(text: &str) -> Result<u64, String> {
+pub fn parse_size(text: &str) -> Result<u64, SizeError> {
     let text = text.trim();
     let digits_end = text
         .find(|c: char| !c.is_ascii_digit())
@@ -40,17 +51,17 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     let (number, unit) = text.split_at(digits_end);
     let number: u64 = number
         .parse()
-        .map_err(|_| format!("{text:?} is not a size (examples: 8MiB, 16M, 1048576)"))?;
+        .map_err(|_| SizeError::NotASize(text.into()))?;
     let shift = match unit.trim() {
         "" | "B" => 0,
         "K" | "KiB" | "k" => 10,
         "M" | "MiB" => 20,
         "G" | "GiB" => 30,
-        other => return Err(format!("unknown size unit {other:?} (use KiB, MiB or GiB)")),
+        other => return Err(SizeError::UnknownUnit(other.into())),
     };
     number
         .checked_mul(1 << shift)
-        .ok_or_else(|| format!("{text:?} is too large"))
+        .ok_or_else(|| SizeError::TooLarge(text.into()))
 }
 
 #[cfg(test)]
@@ -62,7 +73,10 @@ mod tests {
         assert_eq!(parse_size("8MiB").unwrap(), 8 << 20);
         assert_eq!(parse_size("1048576").unwrap(), 1 << 20);
         assert_eq!(parse_size("2G").unwrap(), 2 << 30);
-        assert!(parse_size("8XB").is_err());
+        assert_eq!(
+            parse_size("8XB").unwrap_err().to_string(),
+            "unknown size unit \"XB\" (use KiB, MiB or GiB)"
+        );
         assert!(parse_size("MiB").is_err());
     }
 

@@ -13,10 +13,11 @@ use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 
 use crate::cli::WarmArgs;
-use crate::config::{S3Url, SyncConfig};
+use crate::config::SyncConfig;
 use crate::daemon::protocol::{DatasetStatus, ErrorBody, Lease, LeaseRequest, State};
 use crate::error::{Exit, IoContext, SyncError, UsageError, WarmError};
 use crate::fs;
+use crate::source::url::S3Url;
 use crate::units::human_bytes;
 
 const POLL_INTERVAL: Duration = Duration::from_millis(500);
@@ -183,11 +184,11 @@ fn fallback_config(args: &WarmArgs) -> Result<Option<SyncConfig>, UsageError> {
     let [source, dest] = args.fallback.as_slice() else {
         return Ok(None);
     };
+    let source = S3Url::parse(source)?;
     let config = args
         .options
-        .apply(SyncConfig::new(S3Url::parse(source)?, PathBuf::from(dest)));
-    config.validate()?;
-    Ok(Some(config))
+        .apply(SyncConfig::builder(source, PathBuf::from(dest)));
+    config.build().map(Some)
 }
 
 /// Prints the ready directory, and writes it (atomically) into `path_file` if given.
@@ -263,7 +264,7 @@ async fn warm(client: &Client, args: &WarmArgs) -> Result<Result<Exit, SyncError
                     eprintln!("hydrator: warm: lease refused ({why}); asking again");
                     continue;
                 }
-                Err(why) => return Ok(Err(WarmError::LeaseRefused(why).into())),
+                Err(why) => return Ok(Err(WarmError::LeaseRefused(why.to_string()).into())),
             }
         }
         eprintln!(
@@ -314,6 +315,16 @@ async fn wait(
     }
 }
 
+/// Why the daemon granted no lease.
+#[derive(Debug, thiserror::Error)]
+enum LeaseRefusal {
+    /// The daemon's own explanation.
+    #[error("{0}")]
+    Refused(String),
+    #[error(transparent)]
+    Answer(#[from] serde_json::Error),
+}
+
 /// Leases the snapshot `status` names; `Ok(Err)` when the daemon refuses.
 async fn lease(
     client: &Client,
@@ -321,7 +332,7 @@ async fn lease(
     holder: &str,
     status: &DatasetStatus,
     ttl: Option<u64>,
-) -> Result<Result<Lease, String>, CallError> {
+) -> Result<Result<Lease, LeaseRefusal>, CallError> {
     let request = LeaseRequest {
         ttl_seconds: ttl,
         snapshot: status.snapshot.clone(),
@@ -336,9 +347,9 @@ async fn lease(
         )
         .await?;
     if code != StatusCode::OK {
-        return Ok(Err(explain(code, &answer)));
+        return Ok(Err(LeaseRefusal::Refused(explain(code, &answer))));
     }
-    Ok(serde_json::from_slice(&answer).map_err(|e| e.to_string()))
+    Ok(serde_json::from_slice(&answer).map_err(LeaseRefusal::from))
 }
 
 /// Escapes everything but unreserved characters, for a path segment.

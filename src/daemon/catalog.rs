@@ -10,8 +10,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config::{self, S3Url, StaticCredentials, SyncConfig};
+use crate::config::{self, ProgressMode, SyncConfig, SyncConfigBuilder};
 use crate::error::UsageError;
+use crate::source::client::StaticCredentials;
+use crate::source::url::S3Url;
 
 const DEFAULT_SOCKET_MODE: u32 = 0o660;
 const DEFAULT_PARALLEL_HYDRATIONS: usize = 2;
@@ -119,16 +121,20 @@ pub struct Dataset {
 
 impl Dataset {
     /// A sync config for hydrating this dataset into `dest`.
-    pub fn sync_config(&self, dest: PathBuf, concurrency: config::Concurrency) -> SyncConfig {
-        SyncConfig {
-            path_style: self.endpoint.is_some(),
+    pub fn sync_config(
+        &self,
+        dest: PathBuf,
+        concurrency: config::Concurrency,
+    ) -> Result<SyncConfig, UsageError> {
+        SyncConfigBuilder {
             endpoint: self.endpoint.clone(),
             region: self.region.clone(),
             credentials: self.credentials.clone(),
             concurrency,
-            progress: config::ProgressMode::None,
-            ..SyncConfig::new(self.source.clone(), dest)
+            progress: ProgressMode::None,
+            ..SyncConfig::builder(self.source.clone(), dest)
         }
+        .build()
     }
 }
 

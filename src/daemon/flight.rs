@@ -15,7 +15,7 @@ use super::protocol::{DatasetStatus, Phase};
 use super::registry::{self, Flight, ReadySnapshot};
 use super::Daemon;
 use crate::engine::{self, stats::Stats, Hooks};
-use crate::error::{Exit, IoContext};
+use crate::error::{Exit, IoContext, SyncError};
 use crate::snapshot::{self, Snapshot};
 use crate::source::client;
 
@@ -131,12 +131,15 @@ async fn hydrate(
     }
     let concurrency = daemon.catalog().cache.concurrency;
     let dir = |digest: &str| registry::snapshot_dir(&daemon.root, name, digest);
-    let mut cfg = dataset.sync_config(Default::default(), concurrency);
+    let mut cfg = dataset
+        .sync_config(Default::default(), concurrency)
+        .map_err(SyncError::from)?;
     flight.set_phase(Phase::Listing);
     let snapshot = match resume.or_else(|| dataset.pinned.clone()) {
         Some(snapshot) => snapshot,
         None => {
-            let client = client::build(&cfg, daemon.budget.slots.responses.clone()).await;
+            let client =
+                client::build(cfg.client_settings(), daemon.budget.slots.responses.clone()).await;
             let listed =
                 snapshot::create(client, &dataset.source, dataset.endpoint.clone()).await?;
             Arc::new(listed)
@@ -160,7 +163,7 @@ async fn hydrate(
         let (root, name, source, snapshot) = (
             daemon.root.clone(),
             name.to_string(),
-            cfg.source_info(),
+            crate::manifest::journal::SourceInfo::from(&cfg),
             snapshot.clone(),
         );
         flight.set_phase(Phase::Linking);

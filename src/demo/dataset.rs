@@ -8,9 +8,9 @@ use aws_sdk_s3::primitives::ByteStream;
 use futures::{StreamExt, TryStreamExt};
 
 use super::server::EmbeddedS3;
-use crate::config::{Concurrency, S3Url, SyncConfig, DEFAULT_PART_SIZE};
+use crate::config::DEFAULT_PART_SIZE;
 use crate::error::{IoContext, LocalError, SourceError};
-use crate::source::client;
+use crate::source::client::{self, ClientSettings};
 use crate::source::errors::classify;
 
 /// Uploads in flight while seeding.
@@ -61,23 +61,14 @@ pub async fn seed(
     prefix: &str,
     total: u64,
 ) -> Result<Vec<ExpectedFile>, SourceError> {
-    let client = client::build(
-        &SyncConfig {
-            endpoint: Some(server.endpoint.clone()),
-            path_style: true,
-            credentials: Some(server.credentials.clone()),
-            concurrency: Concurrency::Fixed(UPLOADS),
-            ..SyncConfig::new(
-                S3Url {
-                    bucket: bucket.into(),
-                    prefix: prefix.into(),
-                },
-                Default::default(),
-            )
-        },
-        Default::default(),
-    )
-    .await;
+    let settings = ClientSettings {
+        endpoint: Some(server.endpoint.clone()),
+        region: None,
+        path_style: true,
+        credentials: Some(server.credentials.clone()),
+        max_requests: UPLOADS,
+    };
+    let client = client::build(&settings, Default::default()).await;
     client
         .create_bucket()
         .bucket(bucket)

@@ -12,7 +12,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use crate::config::StaticCredentials;
+use crate::source::client::StaticCredentials;
 
 type BoxError = Box<dyn StdError + Send + Sync>;
 

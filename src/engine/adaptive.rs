@@ -3,8 +3,9 @@
 //! The right number of GETs in flight depends on the path: on a 2-core machine whose CPU is
 //! shared with the server, fewer streams are faster (16 × 128 MiB with 8 MiB parts: 16 streams
 //! 3.00–3.04 s, 8 streams 2.84–2.86 s), while a 100 Gbit/s node needs dozens. No fixed default
-//! suits both, so `--concurrency auto` starts at [`INITIAL`] and climbs by hill-climbing on the
-//! bytes received per [`WINDOW`]:
+//! suits both, so `--concurrency auto` starts at
+//! [`AUTO_INITIAL_CONCURRENCY`](crate::config::AUTO_INITIAL_CONCURRENCY) and climbs by
+//! hill-climbing on the bytes received per [`WINDOW`]:
 //! - a raise (by half) is tried only when requests had to wait for a slot, since otherwise
 //!   the listing or the disk, not the limit, is what bounds the run;
 //! - the window right after a change is skipped (it mixes both limits); if the next one is not
@@ -23,8 +24,6 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::source::client::Responses;
 
-/// Requests in flight when an adaptive run starts.
-pub const INITIAL: usize = 4;
 /// The adaptive limit never goes below this.
 const MIN: usize = 2;
 const WINDOW: Duration = Duration::from_millis(250);

@@ -18,9 +18,7 @@ use super::limits;
 use super::object::mirror_object;
 use super::progress::Progress;
 use super::stats::Stats;
-use crate::config::{
-    Concurrency, SyncConfig, BUFFERS_PER_REQUEST, SPARE_BUFFERS, WRITE_BUFFER_SIZE,
-};
+use crate::config::{Concurrency, SyncConfig, BUFFERS_PER_REQUEST, SPARE_BUFFERS};
 use crate::error::{Exit, IoContext, LocalError, ObjectError, SyncError, UsageError};
 use crate::fs::Dir;
 use crate::manifest::lock::{self, DestLock};
@@ -36,7 +34,7 @@ use crate::snapshot;
 use crate::source::object_source::ObjectSource;
 use crate::source::s3::S3Source;
 use crate::source::{client, list};
-use crate::write::buffer::BufferPool;
+use crate::write::buffer::{BufferPool, WRITE_BUFFER_SIZE};
 use crate::write::commit::Committer;
 use crate::write::dest::Dest;
 use crate::write::prune;
@@ -161,8 +159,8 @@ async fn prepare(
         ))
     })?;
     let writers = Writers::start(cfg.io_backend)?;
-    let manifest =
-        Manifest::open(&dest, &cfg.source_info()).local("opening the manifest in", &state_path)?;
+    let manifest = Manifest::open(&dest, &journal::SourceInfo::from(cfg))
+        .local("opening the manifest in", &state_path)?;
     ready::remove(&state_dir).local("removing READY from", &state_path)?;
     tracing::info!(backend = %writers.backend, "writing with {}", writers.backend);
     let dest = Arc::new(dest);
@@ -172,12 +170,12 @@ async fn prepare(
     let checkpointer = checkpoint::spawn(checkpoints.clone(), manifest.clone());
     let (budget, controller) = match hooks.budget {
         Some(budget) => (budget, None),
-        None => Budget::new(cfg.concurrency),
+        None => Budget::new(cfg.concurrency()),
     };
     let source = match hooks.source {
         Some(source) => source,
         None => Arc::new(S3Source::new(
-            client::build(cfg, budget.slots.responses.clone()).await,
+            client::build(cfg.client_settings(), budget.slots.responses.clone()).await,
         )),
     };
     let progress = Progress::start(cfg.progress, hooks.stats.clone());
@@ -185,7 +183,7 @@ async fn prepare(
         fetch: FetchCtx {
             source,
             bucket: cfg.source.bucket.clone(),
-            part_size: cfg.part_size,
+            part_size: cfg.part_size(),
             request_slots: budget.slots,
             pool: budget.pool,
             stats: hooks.stats,

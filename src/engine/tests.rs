@@ -7,9 +7,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::{run_with, Hooks, Outcome};
-use crate::config::{Concurrency, IoBackendChoice, ProgressMode, S3Url, SyncConfig};
+use crate::config::{Concurrency, IoBackendChoice, ProgressMode, SyncConfig, SyncConfigBuilder};
 use crate::error::Exit;
 use crate::source::memory::{Fault, MemorySource, Request};
+use crate::source::url::S3Url;
 
 const MIB: usize = 1 << 20;
 
@@ -39,19 +40,21 @@ impl Fixture {
     }
 
     async fn sync(&self) -> Outcome {
-        let cfg = SyncConfig {
+        let cfg = SyncConfigBuilder {
             concurrency: Concurrency::Fixed(4),
             part_size: MIB as u64,
             io_backend: IoBackendChoice::Pwrite,
             progress: ProgressMode::None,
-            ..SyncConfig::new(
+            ..SyncConfig::builder(
                 S3Url {
                     bucket: "bucket".into(),
                     prefix: String::new(),
                 },
                 self.dest.path().to_path_buf(),
             )
-        };
+        }
+        .build()
+        .expect("a valid config");
         let hooks = Hooks {
             source: Some(self.source.clone()),
             ..Default::default()

@@ -11,6 +11,8 @@ use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::SyncConfig;
+
 pub const FORMAT_VERSION: u32 = 1;
 const HEADER_LEN: usize = 12;
 /// Longest record accepted when reading; anything longer is corruption.
@@ -27,6 +29,20 @@ pub struct SourceInfo {
     /// Digest of the snapshot the dataset was hydrated from, if any.
     #[serde(default)]
     pub snapshot: Option<String>,
+}
+
+impl From<&SyncConfig> for SourceInfo {
+    /// What the manifest records as the source of a dataset synced with `cfg`.
+    fn from(cfg: &SyncConfig) -> Self {
+        Self {
+            endpoint: cfg.client_settings().endpoint.clone(),
+            bucket: cfg.source.bucket.clone(),
+            prefix: cfg.source.prefix.clone(),
+            include: cfg.include.clone(),
+            exclude: cfg.exclude.clone(),
+            snapshot: cfg.snapshot.as_ref().map(|s| s.digest.clone()),
+        }
+    }
 }
 
 /// One journal entry.

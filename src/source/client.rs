@@ -1,5 +1,5 @@
-//! Builds the S3 client: path-style for custom endpoints, time-outs, stalled-stream protection,
-//! and a retry budget sized for the number of requests in flight.
+//! Builds the S3 client from [`ClientSettings`]: path-style for custom endpoints, time-outs,
+//! stalled-stream protection, and a retry budget sized for the number of requests in flight.
 
 use aws_config::BehaviorVersion;
 use aws_sdk_s3::config::retry::{RetryConfig, RetryPartition, TokenBucket};
@@ -11,14 +11,18 @@ use aws_sdk_s3::config::{
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use aws_sdk_s3::config::interceptors::BeforeDeserializationInterceptorContextRef;
 use aws_sdk_s3::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_smithy_runtime_api::box_error::BoxError;
 use aws_smithy_runtime_api::client::orchestrator::Metadata;
 
-use crate::config::{self, SyncConfig};
-
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+const FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(10);
+const STALL_GRACE: Duration = Duration::from_secs(5);
+/// SDK attempts per request (5xx, throttling, connection errors before the body).
+const SDK_MAX_ATTEMPTS: u32 = 5;
 /// Retry tokens per in-flight request: the SDK's default bucket (500 tokens, 5 per retry) runs
 /// dry within seconds of a 503 storm at high concurrency and then fails requests outright.
 const RETRY_TOKENS_PER_REQUEST: usize = 100;
@@ -26,6 +30,27 @@ const MIN_RETRY_TOKENS: usize = 500;
 /// Region used with a custom endpoint when none is configured (MinIO, Garage and RGW accept it
 /// unless set up otherwise).
 const DEFAULT_ENDPOINT_REGION: &str = "us-east-1";
+
+/// Static credentials, for the embedded demo server; the CLI uses the standard AWS chain.
+#[derive(Clone, Debug)]
+pub struct StaticCredentials {
+    pub access_key: String,
+    pub secret_key: String,
+}
+
+/// Where the S3 server is and how to talk to it.
+#[derive(Clone, Debug)]
+pub struct ClientSettings {
+    /// A custom endpoint (MinIO, Ceph RGW, Garage...); `None`: AWS.
+    pub endpoint: Option<String>,
+    /// `None`: the AWS chain, or us-east-1 with a custom endpoint.
+    pub region: Option<String>,
+    pub path_style: bool,
+    /// `None`: the standard AWS credential chain.
+    pub credentials: Option<StaticCredentials>,
+    /// The most requests in flight, which sizes the retry budget.
+    pub max_requests: usize,
+}
 
 /// The answers S3 clients received: throttling ones (429, 503, retried or not) for the adaptive
 /// limit, and every one by operation and status for the daemon's metrics.
@@ -77,21 +102,22 @@ impl Intercept for RecordResponses {
     }
 }
 
-/// The client for `cfg`; its answers are counted into `responses`.
-pub async fn build(cfg: &SyncConfig, responses: Arc<Responses>) -> aws_sdk_s3::Client {
+/// The client for `settings`; its answers are counted into `responses`.
+pub async fn build(settings: &ClientSettings, responses: Arc<Responses>) -> aws_sdk_s3::Client {
     let mut loader = aws_config::defaults(BehaviorVersion::latest());
-    let region = cfg.region.clone().or_else(|| {
-        cfg.endpoint
+    let region = settings.region.clone().or_else(|| {
+        settings
+            .endpoint
             .as_ref()
             .map(|_| DEFAULT_ENDPOINT_REGION.to_string())
     });
     if let Some(region) = region {
         loader = loader.region(Region::new(region));
     }
-    if let Some(endpoint) = &cfg.endpoint {
+    if let Some(endpoint) = &settings.endpoint {
         loader = loader.endpoint_url(endpoint);
     }
-    if let Some(creds) = &cfg.credentials {
+    if let Some(creds) = &settings.credentials {
         loader = loader.credentials_provider(Credentials::new(
             &creds.access_key,
             &creds.secret_key,
@@ -101,13 +127,13 @@ pub async fn build(cfg: &SyncConfig, responses: Arc<Responses>) -> aws_sdk_s3::C
         ));
     }
     let shared = loader.load().await;
-    let tokens = (cfg.concurrency.max() * RETRY_TOKENS_PER_REQUEST).max(MIN_RETRY_TOKENS);
+    let tokens = (settings.max_requests * RETRY_TOKENS_PER_REQUEST).max(MIN_RETRY_TOKENS);
     let s3_config = aws_sdk_s3::config::Builder::from(&shared)
-        .force_path_style(cfg.path_style)
+        .force_path_style(settings.path_style)
         .retry_config(
             RetryConfig::standard()
-                .with_max_attempts(config::SDK_MAX_ATTEMPTS)
-                .with_initial_backoff(std::time::Duration::from_millis(100)),
+                .with_max_attempts(SDK_MAX_ATTEMPTS)
+                .with_initial_backoff(Duration::from_millis(100)),
         )
         .retry_partition(
             RetryPartition::custom("hydrator")
@@ -116,13 +142,13 @@ pub async fn build(cfg: &SyncConfig, responses: Arc<Responses>) -> aws_sdk_s3::C
         )
         .timeout_config(
             TimeoutConfig::builder()
-                .connect_timeout(config::CONNECT_TIMEOUT)
-                .read_timeout(config::FIRST_BYTE_TIMEOUT)
+                .connect_timeout(CONNECT_TIMEOUT)
+                .read_timeout(FIRST_BYTE_TIMEOUT)
                 .build(),
         )
         .stalled_stream_protection(
             StalledStreamProtectionConfig::enabled()
-                .grace_period(config::STALL_GRACE)
+                .grace_period(STALL_GRACE)
                 .build(),
         )
         .response_checksum_validation(ResponseChecksumValidation::WhenRequired)

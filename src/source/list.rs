@@ -11,23 +11,13 @@ use tokio::sync::mpsc;
 use std::sync::Arc;
 
 use super::errors::classify;
+pub use super::object_source::ObjectEntry;
 use super::object_source::ObjectSource;
-use crate::config::S3Url;
+use super::url::S3Url;
 use crate::error::{ListingError, Remedy, SourceError, SyncError};
 
 /// Objects buffered between the listing and the planner (a few pages).
 pub const LISTING_QUEUE: usize = 4096;
-
-/// One object of the listing.
-#[derive(Clone, Debug)]
-pub struct ObjectEntry {
-    pub key: String,
-    pub size: u64,
-    pub etag: String,
-    pub last_modified: Option<SystemTime>,
-    /// The version, where the object comes from a snapshot of a versioned bucket.
-    pub version_id: Option<String>,
-}
 
 fn listing_error(err: SourceError, first_page: bool) -> SyncError {
     match err.remedy() {

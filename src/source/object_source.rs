@@ -14,11 +14,21 @@ use futures::future::BoxFuture;
 use futures::Stream;
 
 use super::checksum::FullObjectChecksum;
-use super::list::ObjectEntry;
 use crate::error::{BoxError, SourceError};
 
 /// A response body, chunk by chunk.
 pub type Body = Pin<Box<dyn Stream<Item = Result<Bytes, BoxError>> + Send>>;
+
+/// One object of the listing.
+#[derive(Clone, Debug)]
+pub struct ObjectEntry {
+    pub key: String,
+    pub size: u64,
+    pub etag: String,
+    pub last_modified: Option<SystemTime>,
+    /// The version, where the object comes from a snapshot of a versioned bucket.
+    pub version_id: Option<String>,
+}
 
 /// One page of a listing.
 pub struct ListPage {

@@ -11,6 +11,8 @@ use tokio::sync::Semaphore;
 
 /// Alignment that O_DIRECT needs for buffers, offsets and lengths on common filesystems.
 pub const DIRECT_IO_ALIGN: usize = 4096;
+/// Size of one pooled write buffer. Parts stream through several of these.
+pub const WRITE_BUFFER_SIZE: usize = 1 << 20;
 
 /// A fixed-capacity byte buffer aligned to `DIRECT_IO_ALIGN`.
 struct AlignedBuf {

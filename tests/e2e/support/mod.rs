@@ -60,7 +60,7 @@ impl Server {
     pub fn local() -> Self {
         let runtime = runtime();
         let data = tempfile::tempdir().unwrap();
-        let credentials = hydrator::config::StaticCredentials {
+        let credentials = hydrator::source::client::StaticCredentials {
             access_key: "AKIATESTHYDRATOR0001".into(),
             secret_key: "test-secret-key-of-the-in-process-server".into(),
         };
