@@ -21,7 +21,6 @@ use blake3::hazmat::ChainingValue;
 use journal::{JournalWriter, Record, SourceInfo, FORMAT_VERSION};
 
 use crate::fs::{self, Dir, OFlags};
-use crate::write::dest::Dest;
 
 const JOURNAL: &str = "manifest.journal";
 /// Compact when the journal holds this many more records than the live state needs.
@@ -212,10 +211,9 @@ pub struct Manifest {
 }
 
 impl Manifest {
-    /// Opens DEST's manifest for `source`. A manifest of another source (endpoint, bucket or
-    /// prefix) is set aside: DEST then starts from an empty manifest.
-    pub fn open(dest: &Dest, source: &SourceInfo) -> io::Result<Self> {
-        let dir = dest.state_dir()?;
+    /// Opens the manifest in DEST's state directory `dir` for `source`. A manifest of another
+    /// source (endpoint, bucket or prefix) is set aside: DEST then starts from an empty one.
+    pub fn open(dir: Dir, source: &SourceInfo) -> io::Result<Self> {
         let mut file = dir.open_file(JOURNAL, OFlags::RDWR | OFlags::CREATE)?;
         let mut state = State::default();
         let mut header: Option<Option<SourceInfo>> = None;
@@ -267,8 +265,7 @@ impl Manifest {
     }
 
     /// Opens the manifest of DEST as it is, whatever its source (for `verify`).
-    pub fn open_existing(dest: &Dest) -> io::Result<Option<(SourceInfo, Self)>> {
-        let dir = dest.state_dir()?;
+    pub fn open_existing(dir: Dir) -> io::Result<Option<(SourceInfo, Self)>> {
         let mut file = match dir.open_file(JOURNAL, OFlags::RDONLY) {
             Ok(file) => file,
             Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -287,7 +284,7 @@ impl Manifest {
             return Ok(None);
         };
         drop(file);
-        Ok(Some((source.clone(), Self::open(dest, &source)?)))
+        Ok(Some((source.clone(), Self::open(dir, &source)?)))
     }
 
     pub fn source(&self) -> &SourceInfo {

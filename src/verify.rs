@@ -55,7 +55,9 @@ pub async fn verify(
         .state_dir()
         .local("opening", dest_path.join(".hydrator"))?;
     let _lock = lock::acquire(&state_dir, None).await?;
-    let (source, manifest) = Manifest::open_existing(&dest)
+    let (source, manifest) = state_dir
+        .try_clone()
+        .and_then(Manifest::open_existing)
         .local("reading the manifest in", dest_path.join(".hydrator"))?
         .ok_or_else(|| {
             UsageError::new(format!(

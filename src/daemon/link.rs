@@ -32,11 +32,11 @@ pub fn link_unchanged(
     snapshot: &Snapshot,
 ) -> io::Result<Linked> {
     let old_dest = Dest::open(previous)?;
-    let Some((_, old)) = Manifest::open_existing(&old_dest)? else {
+    let Some((_, old)) = Manifest::open_existing(old_dest.state_dir()?)? else {
         return Ok(Linked::default());
     };
     let new_dest = Dest::open(next)?;
-    let manifest = Manifest::open(&new_dest, source)?;
+    let manifest = Manifest::open(new_dest.state_dir()?, source)?;
     let old_state = old.state();
     let mut linked = Linked::default();
     for entry in &snapshot.entries {

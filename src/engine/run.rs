@@ -159,7 +159,9 @@ async fn prepare(
         ))
     })?;
     let writers = Writers::start(cfg.io_backend)?;
-    let manifest = Manifest::open(&dest, &journal::SourceInfo::from(cfg))
+    let manifest = state_dir
+        .try_clone()
+        .and_then(|dir| Manifest::open(dir, &journal::SourceInfo::from(cfg)))
         .local("opening the manifest in", &state_path)?;
     ready::remove(&state_dir).local("removing READY from", &state_path)?;
     tracing::info!(backend = %writers.backend, "writing with {}", writers.backend);
