@@ -67,7 +67,8 @@ pub struct PartTarget {
 ///
 /// A body that breaks is not fetched again from its start: the next attempt asks for the rest of
 /// the range and streams on into the same hashes. A part that is a whole object starts again
-/// instead, so that its GET stays the plain one whose checksum the client checks.
+/// instead, so that its GET stays the plain one whose checksum the client checks, and so does a
+/// part whose body broke after its last byte.
 pub async fn fetch_part(
     ctx: Arc<Ctx>,
     object: Arc<PinnedObject>,
@@ -82,7 +83,8 @@ pub async fn fetch_part(
             Err(err) if err.is_retryable() && attempt + 1 < MAX_PART_ATTEMPTS => {
                 Stats::add(&ctx.fetch.stats.part_retries, 1);
                 tracing::debug!(key = %object.key, range = ?target.range, "retrying part: {err}");
-                if target.whole_object {
+                // Nothing is left to resume when the body broke after its last byte.
+                if target.whole_object || stream.received == target.range.end - target.range.start {
                     stream.wait_writes().await?;
                     stream = PartStream::new(&target);
                 }

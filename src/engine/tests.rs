@@ -90,7 +90,8 @@ impl Fixture {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_cut_short_resumes_the_rest_of_its_range() {
     let fixture = Fixture::new(true);
-    let data = content(3 * MIB + 100, 1);
+    // Every part is longer than the cut, whichever is asked for first.
+    let data = content(3 * MIB + 400_000, 1);
     fixture.source.put("big.bin", data.clone());
     fixture.source.fault("big.bin", Fault::CutAfter(300_000));
     let outcome = fixture.sync().await;
@@ -104,6 +105,19 @@ async fn a_body_cut_short_resumes_the_rest_of_its_range() {
     assert_eq!(gets.len(), 5, "4 parts and one resumption: {gets:?}");
     assert_eq!(outcome.summary.bytes.received, data.len() as u64);
     assert_eq!(outcome.summary.part_retries, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_breaks_after_its_last_byte_is_fetched_again() {
+    let fixture = Fixture::new(true);
+    let data = content(2 * MIB, 9);
+    fixture.source.put("two.bin", data.clone());
+    fixture.source.fault("two.bin", Fault::CutAfter(MIB));
+    let outcome = fixture.sync().await;
+    fixture.assert_mirrored(&outcome, "two.bin", &data).await;
+    let gets = fixture.gets("two.bin");
+    assert_eq!(gets.len(), 3, "{gets:?}");
+    assert_eq!(gets.iter().filter(|r| **r == gets[0]).count(), 2, "{gets:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
