@@ -4,8 +4,8 @@
 //!
 //! Tuning constants live beside the code that uses them (client time-outs in
 //! [`source::client`](crate::source::client), the write buffer size in
-//! [`write::buffer`](crate::write::buffer)); those below are the user-facing limits and the
-//! engine's.
+//! [`write::buffer`](crate::write::buffer), retry and restart budgets in `engine/`); those
+//! below are the user-facing limits.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -24,20 +24,6 @@ pub const AUTO_INITIAL_CONCURRENCY: usize = 4;
 pub const AUTO_MAX_CONCURRENCY: usize = 64;
 /// Most requests in flight a fixed `--concurrency` may ask for.
 pub const MAX_CONCURRENCY: usize = 1024;
-/// Pool buffers per in-flight GET: one being filled, one queued at a writer.
-pub const BUFFERS_PER_REQUEST: usize = 2;
-/// Spare buffers so that writers never idle while GETs refill.
-pub const SPARE_BUFFERS: usize = 4;
-/// Times an object is restarted from scratch after it changed on the server mid-download.
-pub const MAX_OBJECT_RESTARTS: u32 = 3;
-/// Attempts per part for errors the SDK does not retry (body truncation, stall, reset).
-pub const MAX_PART_ATTEMPTS: u32 = 6;
-pub const PROGRESS_LOG_INTERVAL: Duration = Duration::from_secs(5);
-/// A part body slower than this (bytes per second of waiting on the network), once
-/// [`SLOW_BODY_GRACE`] of waiting has passed, is abandoned and retried: a slow-loris body
-/// passes the SDK's stalled-stream check, which needs only 1 byte per second.
-pub const MIN_BODY_RATE: u64 = 64 << 10;
-pub const SLOW_BODY_GRACE: Duration = Duration::from_secs(10);
 
 /// The write backend asked for: `Auto` probes io_uring and falls back to pwrite.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,7 +103,7 @@ impl SyncConfig {
     }
 
     /// Checks the settings. [`SyncConfigBuilder::build`] runs this, so every `SyncConfig` passes.
-    pub fn validate(&self) -> Result<(), UsageError> {
+    fn validate(&self) -> Result<(), UsageError> {
         if self.part_size < MIN_PART_SIZE || !self.part_size.is_power_of_two() {
             return Err(UsageError::new(format!(
                 "--part-size {} must be a power of two of at least 1 MiB (1048576)",

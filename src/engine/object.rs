@@ -15,7 +15,6 @@ use tokio::task::JoinSet;
 use super::context::Ctx;
 use super::part::{fetch_part, FetchedPart, PartTarget};
 use super::stats::Stats;
-use crate::config::MAX_OBJECT_RESTARTS;
 use crate::error::{IoContext, LocalError, ObjectError, PartError};
 use crate::hash::{merge_parts, PartDigest};
 use crate::manifest::{DurablePart, ObjectState};
@@ -27,6 +26,9 @@ use crate::source::fetch::{full_object_checksum, head, PinnedObject};
 use crate::source::list::ObjectEntry;
 use crate::units::unix_nanos;
 use crate::write::dest;
+
+/// Times an object is restarted from scratch after it changed on the server mid-download.
+const MAX_OBJECT_RESTARTS: u32 = 3;
 
 /// Mirrors one listed object; the error names the reason for a person.
 ///

@@ -12,7 +12,6 @@ use tokio::sync::oneshot;
 use super::context::Ctx;
 use super::retry::backoff;
 use super::stats::Stats;
-use crate::config::{MAX_PART_ATTEMPTS, MIN_BODY_RATE, SLOW_BODY_GRACE};
 use crate::error::{BodyError, PartError, WriteError};
 use crate::hash::{PartDigest, PartHasher};
 use crate::source::checksum::Algorithm;
@@ -21,6 +20,14 @@ use crate::source::fetch::{get_range, PinnedObject};
 use crate::write::buffer::PooledBuf;
 use crate::write::dest;
 use crate::write::WriteJob;
+
+/// Attempts per part for errors the SDK does not retry (body truncation, stall, reset).
+pub(super) const MAX_PART_ATTEMPTS: u32 = 6;
+/// A part body slower than this (bytes per second of waiting on the network), once
+/// [`SLOW_BODY_GRACE`] of waiting has passed, is abandoned and retried: a slow-loris body
+/// passes the SDK's stalled-stream check, which needs only 1 byte per second.
+const MIN_BODY_RATE: u64 = 64 << 10;
+const SLOW_BODY_GRACE: Duration = Duration::from_secs(10);
 
 /// A part's BLAKE3 digest, and its CRC when the object has a full-object checksum to meet.
 #[derive(Clone, Copy, Debug)]

@@ -8,10 +8,11 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::stats::Stats;
-use crate::config::{ProgressMode, PROGRESS_LOG_INTERVAL};
+use crate::config::ProgressMode;
 use crate::units::human_bytes;
 
 const BAR_TICK: Duration = Duration::from_millis(150);
+const PROGRESS_LOG_INTERVAL: Duration = Duration::from_secs(5);
 
 pub struct Progress {
     ticker: Option<tokio::task::JoinHandle<()>>,

@@ -18,7 +18,7 @@ use super::limits;
 use super::object::mirror_object;
 use super::progress::Progress;
 use super::stats::Stats;
-use crate::config::{Concurrency, SyncConfig, BUFFERS_PER_REQUEST, SPARE_BUFFERS};
+use crate::config::{Concurrency, SyncConfig};
 use crate::error::{Exit, IoContext, LocalError, ObjectError, SyncError, UsageError};
 use crate::fs::Dir;
 use crate::manifest::lock::{self, DestLock};
@@ -40,6 +40,10 @@ use crate::write::dest::Dest;
 use crate::write::prune;
 use crate::write::Writers;
 
+/// Pool buffers per in-flight GET: one being filled, one queued at a writer.
+const BUFFERS_PER_REQUEST: usize = 2;
+/// Spare buffers so that writers never idle while GETs refill.
+const SPARE_BUFFERS: usize = 4;
 /// Failures kept in the report (all are logged).
 const MAX_REPORTED_FAILURES: usize = 10_000;
 
@@ -130,7 +134,6 @@ async fn prepare(
     stop: &mut Option<watch::Receiver<bool>>,
     started: Instant,
 ) -> Result<Start, SyncError> {
-    cfg.validate()?;
     let filter = KeyFilter::new(&cfg.include, &cfg.exclude)?;
     let dest = Dest::open(&cfg.dest).map_err(|err| {
         UsageError::new(format!(

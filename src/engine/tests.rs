@@ -117,7 +117,11 @@ async fn a_body_that_breaks_after_its_last_byte_is_fetched_again() {
     fixture.assert_mirrored(&outcome, "two.bin", &data).await;
     let gets = fixture.gets("two.bin");
     assert_eq!(gets.len(), 3, "{gets:?}");
-    assert_eq!(gets.iter().filter(|r| **r == gets[0]).count(), 2, "{gets:?}");
+    assert_eq!(
+        gets.iter().filter(|r| **r == gets[0]).count(),
+        2,
+        "{gets:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -155,7 +159,7 @@ async fn throttling_is_retried_with_backoff_and_then_given_up() {
     for _ in 0..2 {
         source.fault("hot.bin", Fault::Status(503, "SlowDown"));
     }
-    let attempts = crate::config::MAX_PART_ATTEMPTS as usize;
+    let attempts = super::part::MAX_PART_ATTEMPTS as usize;
     for _ in 0..attempts {
         source.fault("scorching.bin", Fault::Status(503, "SlowDown"));
     }
