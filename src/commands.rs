@@ -1,6 +1,7 @@
-//! The subcommands other than `sync` and `demo`, and how a run's outcome is shown.
+//! Runs a subcommand: `sync` and `demo` through the engine, `daemon` and `warm` through their
+//! modules, `verify` and `snapshot` here; and how a run's outcome is shown.
 
-use crate::cli::{SnapshotArgs, VerifyArgs};
+use crate::cli::{Command, SnapshotArgs, VerifyArgs};
 use crate::config::SyncConfig;
 use crate::engine::{self, Outcome};
 use crate::error::{Exit, IoContext, SyncError, UsageError};
@@ -8,8 +9,29 @@ use crate::source::client;
 use crate::source::url::S3Url;
 use crate::{snapshot, verify as check};
 
+/// Runs `command` to its exit code; `Err` when it could not run at all.
+pub async fn run(command: Command) -> Result<Exit, SyncError> {
+    match command {
+        Command::Sync(args) => {
+            let hooks = engine::Hooks {
+                stop: Some(crate::signals::stop_on_signals()),
+                ..Default::default()
+            };
+            engine::run_with(args.into_config()?, hooks)
+                .await
+                .map(print_outcome)
+        }
+        #[cfg(feature = "demo")]
+        Command::Demo(args) => crate::demo::run(args).await.map(print_outcome),
+        Command::Verify(args) => verify(args).await,
+        Command::Snapshot(args) => snapshot(args).await,
+        Command::Daemon(args) => crate::daemon::run(&args.config).await,
+        Command::Warm(args) => crate::warm::run(args).await,
+    }
+}
+
 /// Prints a sync's error, failures and closing line; returns its exit code.
-pub fn print_outcome(outcome: Outcome) -> Exit {
+fn print_outcome(outcome: Outcome) -> Exit {
     if let Some(error) = &outcome.summary.error {
         eprintln!("hydrator: error: {error}");
     }
@@ -20,7 +42,7 @@ pub fn print_outcome(outcome: Outcome) -> Exit {
     outcome.exit
 }
 
-pub async fn verify(args: VerifyArgs) -> Result<Exit, SyncError> {
+async fn verify(args: VerifyArgs) -> Result<Exit, SyncError> {
     let (findings, source) = check::verify(&args.dest, args.repair).await?;
     let lists = [
         ("missing", &findings.missing),
@@ -85,7 +107,7 @@ pub async fn verify(args: VerifyArgs) -> Result<Exit, SyncError> {
     Ok(print_outcome(engine::run(config.build()?).await?))
 }
 
-pub async fn snapshot(args: SnapshotArgs) -> Result<Exit, SyncError> {
+async fn snapshot(args: SnapshotArgs) -> Result<Exit, SyncError> {
     let url = S3Url::parse(&args.source)?;
     let config = args
         .connection

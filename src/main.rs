@@ -3,8 +3,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-use hydrator::cli::{Cli, Command, LogFormat};
-use hydrator::commands::print_outcome;
+use hydrator::cli::{Cli, LogFormat};
 use hydrator::error::Exit;
 
 fn main() -> ExitCode {
@@ -20,25 +19,7 @@ fn main() -> ExitCode {
             return Exit::Failed.into();
         }
     };
-    let result = runtime.block_on(async {
-        match cli.command {
-            Command::Sync(args) => {
-                let hooks = hydrator::engine::Hooks {
-                    stop: Some(hydrator::signals::stop_on_signals()),
-                    ..Default::default()
-                };
-                hydrator::engine::run_with(args.into_config()?, hooks)
-                    .await
-                    .map(print_outcome)
-            }
-            #[cfg(feature = "demo")]
-            Command::Demo(args) => hydrator::demo::run(args).await.map(print_outcome),
-            Command::Verify(args) => hydrator::commands::verify(args).await,
-            Command::Snapshot(args) => hydrator::commands::snapshot(args).await,
-            Command::Daemon(args) => hydrator::daemon::run(&args.config).await,
-            Command::Warm(args) => hydrator::warm::run(args).await,
-        }
-    });
+    let result = runtime.block_on(hydrator::commands::run(cli.command));
     match result {
         Ok(exit) => exit.into(),
         Err(err) => {
