@@ -31,7 +31,7 @@ pub async fn run(command: Command) -> Result<Exit, SyncError> {
 }
 
 /// Prints a sync's error, failures and closing line; returns its exit code.
-fn print_outcome(outcome: Outcome) -> Exit {
+pub(crate) fn print_outcome(outcome: Outcome) -> Exit {
     if let Some(error) = &outcome.summary.error {
         eprintln!("hydrator: error: {error}");
     }
