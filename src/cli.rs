@@ -159,7 +159,7 @@ pub struct SyncOptions {
     /// Ranged GETs in flight: auto (start at 4, climb while throughput grows, up to 64) or a
     /// fixed number.
     #[arg(long, env = "HYDRATOR_CONCURRENCY", default_value = "auto", value_parser = config::parse_concurrency)]
-    pub concurrency: config::Concurrency,
+    pub(crate) concurrency: config::Concurrency,
     /// Part size: a power of two ≥ 1MiB (e.g. 8MiB, 16M, 1048576).
     #[arg(long, env = "HYDRATOR_PART_SIZE", default_value = "8MiB", value_parser = crate::units::parse_size)]
     pub part_size: u64,
@@ -180,7 +180,7 @@ pub struct SyncOptions {
     pub report: Option<PathBuf>,
     /// Progress display: bars on a terminal, log lines otherwise.
     #[arg(long, value_enum, env = "HYDRATOR_PROGRESS", default_value = "auto")]
-    pub progress: ProgressMode,
+    pub(crate) progress: ProgressMode,
     /// Remove local files that are not in the source (never follows symlinks, never touches
     /// .hydrator/, keeps paths the filters exclude).
     #[arg(long, env = "HYDRATOR_DELETE")]
@@ -231,11 +231,11 @@ pub struct DemoArgs {
     pub io_backend: IoBackendChoice,
     /// Progress display.
     #[arg(long, value_enum, default_value = "auto")]
-    pub progress: ProgressMode,
+    pub(crate) progress: ProgressMode,
 }
 
 impl SyncArgs {
-    pub fn into_config(self) -> Result<SyncConfig, UsageError> {
+    pub(crate) fn into_config(self) -> Result<SyncConfig, UsageError> {
         let (source, dest, snapshot) = match (self.snapshot, self.paths.as_slice()) {
             (Some(file), [dest]) => {
                 let snapshot = crate::snapshot::read(&file)?;
@@ -264,7 +264,7 @@ impl SyncArgs {
 
 impl ConnectionOptions {
     /// Sets where the server is; empty values (an empty environment variable) count as unset.
-    pub fn apply(&self, config: SyncConfigBuilder) -> SyncConfigBuilder {
+    pub(crate) fn apply(&self, config: SyncConfigBuilder) -> SyncConfigBuilder {
         SyncConfigBuilder {
             endpoint: self.endpoint_url.clone().filter(|e| !e.is_empty()),
             region: self.region.clone().filter(|r| !r.is_empty()),
@@ -276,7 +276,7 @@ impl ConnectionOptions {
 
 impl SyncOptions {
     /// Applies every option to `config`.
-    pub fn apply(&self, config: SyncConfigBuilder) -> SyncConfigBuilder {
+    pub(crate) fn apply(&self, config: SyncConfigBuilder) -> SyncConfigBuilder {
         SyncConfigBuilder {
             concurrency: self.concurrency,
             part_size: self.part_size,

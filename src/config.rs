@@ -16,14 +16,14 @@ use crate::snapshot::Snapshot;
 use crate::source::client::{ClientSettings, StaticCredentials};
 use crate::source::url::S3Url;
 
-pub const DEFAULT_PART_SIZE: u64 = 8 << 20;
-pub const MIN_PART_SIZE: u64 = 1 << 20;
+pub(crate) const DEFAULT_PART_SIZE: u64 = 8 << 20;
+pub(crate) const MIN_PART_SIZE: u64 = 1 << 20;
 /// Requests in flight when a `--concurrency auto` run starts.
-pub const AUTO_INITIAL_CONCURRENCY: usize = 4;
+pub(crate) const AUTO_INITIAL_CONCURRENCY: usize = 4;
 /// Most requests in flight `--concurrency auto` may climb to.
-pub const AUTO_MAX_CONCURRENCY: usize = 64;
+pub(crate) const AUTO_MAX_CONCURRENCY: usize = 64;
 /// Most requests in flight a fixed `--concurrency` may ask for.
-pub const MAX_CONCURRENCY: usize = 1024;
+pub(crate) const MAX_CONCURRENCY: usize = 1024;
 
 /// The write backend asked for: `Auto` probes io_uring and falls back to pwrite.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,7 +35,7 @@ pub enum IoBackendChoice {
 
 /// How progress is shown.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ProgressMode {
+pub(crate) enum ProgressMode {
     /// Bars on a terminal, log lines otherwise.
     Auto,
     Bar,
@@ -45,7 +45,7 @@ pub enum ProgressMode {
 
 /// Everything a sync needs, validated: only [`SyncConfigBuilder::build`] makes one.
 #[derive(Clone, Debug)]
-pub struct SyncConfig {
+pub(crate) struct SyncConfig {
     pub source: S3Url,
     pub dest: PathBuf,
     client: ClientSettings,
@@ -67,7 +67,7 @@ pub struct SyncConfig {
 
 impl SyncConfig {
     /// A builder with the defaults for everything but what says where to read and write.
-    pub fn builder(source: S3Url, dest: PathBuf) -> SyncConfigBuilder {
+    pub(crate) fn builder(source: S3Url, dest: PathBuf) -> SyncConfigBuilder {
         SyncConfigBuilder {
             source,
             dest,
@@ -90,15 +90,15 @@ impl SyncConfig {
     }
 
     /// Where the S3 server is and how to talk to it.
-    pub fn client_settings(&self) -> &ClientSettings {
+    pub(crate) fn client_settings(&self) -> &ClientSettings {
         &self.client
     }
 
-    pub fn concurrency(&self) -> Concurrency {
+    pub(crate) fn concurrency(&self) -> Concurrency {
         self.concurrency
     }
 
-    pub fn part_size(&self) -> u64 {
+    pub(crate) fn part_size(&self) -> u64 {
         self.part_size
     }
 
@@ -133,7 +133,7 @@ impl SyncConfig {
 /// [`SyncConfig`].
 #[derive(Clone, Debug)]
 #[must_use]
-pub struct SyncConfigBuilder {
+pub(crate) struct SyncConfigBuilder {
     pub source: S3Url,
     pub dest: PathBuf,
     /// A custom S3 endpoint; `None`: AWS.
@@ -158,7 +158,7 @@ pub struct SyncConfigBuilder {
 
 impl SyncConfigBuilder {
     /// The validated config.
-    pub fn build(self) -> Result<SyncConfig, UsageError> {
+    pub(crate) fn build(self) -> Result<SyncConfig, UsageError> {
         let config = SyncConfig {
             client: ClientSettings {
                 path_style: self.path_style.unwrap_or(self.endpoint.is_some()),
@@ -188,14 +188,14 @@ impl SyncConfigBuilder {
 
 /// Requests in flight: adapted to what the run measures, or fixed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Concurrency {
+pub(crate) enum Concurrency {
     Auto,
     Fixed(usize),
 }
 
 impl Concurrency {
     /// The requests in flight a run starts with.
-    pub fn initial(self) -> usize {
+    pub(crate) fn initial(self) -> usize {
         match self {
             Self::Auto => AUTO_INITIAL_CONCURRENCY,
             Self::Fixed(n) => n,
@@ -203,7 +203,7 @@ impl Concurrency {
     }
 
     /// The most requests in flight a run can reach.
-    pub fn max(self) -> usize {
+    pub(crate) fn max(self) -> usize {
         match self {
             Self::Auto => AUTO_MAX_CONCURRENCY,
             Self::Fixed(n) => n,
@@ -214,10 +214,10 @@ impl Concurrency {
 /// A `--concurrency` that is neither `auto` nor a number.
 #[derive(Debug, thiserror::Error)]
 #[error("{0:?} is neither auto nor a number")]
-pub struct BadConcurrency(String);
+pub(crate) struct BadConcurrency(String);
 
 /// Parses `--concurrency`: `auto` or a number.
-pub fn parse_concurrency(text: &str) -> Result<Concurrency, BadConcurrency> {
+pub(crate) fn parse_concurrency(text: &str) -> Result<Concurrency, BadConcurrency> {
     match text.trim() {
         "auto" => Ok(Concurrency::Auto),
         n => n

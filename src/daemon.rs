@@ -15,17 +15,17 @@
 //! - The disk is the truth: on start, the registry is rebuilt from the directories and
 //!   interrupted hydrations resume from their manifests ([`recover`]).
 
-pub mod api;
-pub mod catalog;
+pub(crate) mod api;
+pub(crate) mod catalog;
 mod error;
 mod evict;
 mod flight;
 mod link;
-pub mod metrics;
-pub mod protocol;
+pub(crate) mod metrics;
+pub(crate) mod protocol;
 mod recover;
-pub mod registry;
-pub mod space;
+pub(crate) mod registry;
+pub(crate) mod space;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -43,7 +43,7 @@ use registry::Registry;
 /// How long hydrations get to flush their manifests after SIGTERM.
 const STOP_GRACE: Duration = Duration::from_secs(10);
 
-pub struct Daemon {
+pub(crate) struct Daemon {
     pub root: PathBuf,
     catalog_path: PathBuf,
     catalog: RwLock<Arc<Catalog>>,
@@ -62,16 +62,16 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    pub fn catalog(&self) -> Arc<Catalog> {
+    pub(crate) fn catalog(&self) -> Arc<Catalog> {
         self.catalog.read().expect("catalog lock").clone()
     }
 
-    pub fn registry(&self) -> MutexGuard<'_, Registry> {
+    pub(crate) fn registry(&self) -> MutexGuard<'_, Registry> {
         self.registry.lock().expect("registry lock")
     }
 
     /// Writes leases and last-use times; a failure is logged (the next change writes again).
-    pub fn save_state(&self) {
+    pub(crate) fn save_state(&self) {
         let _saving = self.saving.lock().expect("save lock");
         let persisted = self.registry().persisted();
         if let Err(err) = registry::save(&self.root, &persisted) {
@@ -79,7 +79,7 @@ impl Daemon {
         }
     }
 
-    pub fn render_metrics(&self) -> String {
+    pub(crate) fn render_metrics(&self) -> String {
         let catalog = self.catalog();
         let registry = self.registry();
         let mut by_state: BTreeMap<_, u64> = protocol::State::ALL
@@ -152,7 +152,7 @@ impl Daemon {
 }
 
 /// Runs the daemon until SIGTERM or SIGINT.
-pub async fn run(catalog_path: &Path) -> Result<Exit, SyncError> {
+pub(crate) async fn run(catalog_path: &Path) -> Result<Exit, SyncError> {
     let catalog = catalog::load(catalog_path, |k| std::env::var(k).ok())?;
     let root = catalog.cache.root.clone();
     let (registry, resumable) = recover::scan(&root, &catalog)

@@ -16,7 +16,7 @@ use crate::source::url::S3Url;
 const BUCKET: &str = "demo-datasets";
 const PREFIX: &str = "imagenet-mini/";
 
-pub async fn run(args: DemoArgs) -> Result<Outcome, SyncError> {
+pub(crate) async fn run(args: DemoArgs) -> Result<Outcome, SyncError> {
     let temp;
     let base: PathBuf = match args.dir {
         Some(dir) => dir,

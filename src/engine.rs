@@ -14,17 +14,17 @@
 //! Memory for data in flight is the buffer pool, `(2 × concurrency + 4) × 1 MiB`, whatever the
 //! part size, object sizes or number of objects.
 
-pub mod adaptive;
+pub(crate) mod adaptive;
 mod checkpoint;
 mod context;
 mod limits;
 mod object;
 mod part;
-pub mod progress;
+pub(crate) mod progress;
 mod retry;
 mod run;
-pub mod stats;
+pub(crate) mod stats;
 #[cfg(test)]
 mod tests;
 
-pub use run::{run, run_with, Budget, Hooks, Outcome};
+pub(crate) use run::{run, run_with, Budget, Hooks, Outcome};

@@ -19,18 +19,18 @@ use std::path::Path;
 
 use rustix::fs::{AtFlags, FallocateFlags, FileType, Mode, Stat, CWD};
 
-pub use rustix::fs::OFlags;
+pub(crate) use rustix::fs::OFlags;
 
 const DIR_MODE: u32 = 0o755;
 const FILE_MODE: u32 = 0o644;
 
 /// An open directory. Names given to its methods are single entries of it.
 #[derive(Debug)]
-pub struct Dir(OwnedFd);
+pub(crate) struct Dir(OwnedFd);
 
 /// Size, mtime, inode and link count of a regular file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FileStat {
+pub(crate) struct FileStat {
     pub size: u64,
     pub mtime_ns: u64,
     pub inode: u64,
@@ -51,13 +51,13 @@ impl FileStat {
 
 impl Dir {
     /// Opens the directory at `path`, following symlinks in it: the path is the user's choice.
-    pub fn open(path: &Path) -> io::Result<Self> {
+    pub(crate) fn open(path: &Path) -> io::Result<Self> {
         let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
         Ok(Self(rustix::fs::openat(CWD, path, flags, Mode::empty())?))
     }
 
     /// Opens the directory `name`; a symlink or a file there is an error (`ENOTDIR`/`ELOOP`).
-    pub fn open_dir(&self, name: impl AsRef<Path>) -> io::Result<Self> {
+    pub(crate) fn open_dir(&self, name: impl AsRef<Path>) -> io::Result<Self> {
         let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
         Ok(Self(rustix::fs::openat(
             &self.0,
@@ -68,7 +68,7 @@ impl Dir {
     }
 
     /// Creates the directory `name` (mode 0755) unless something is already there.
-    pub fn create_dir(&self, name: impl AsRef<Path>) -> io::Result<()> {
+    pub(crate) fn create_dir(&self, name: impl AsRef<Path>) -> io::Result<()> {
         match rustix::fs::mkdirat(&self.0, name.as_ref(), Mode::from_raw_mode(DIR_MODE)) {
             Err(rustix::io::Errno::EXIST) => Ok(()),
             other => Ok(other?),
@@ -77,7 +77,7 @@ impl Dir {
 
     /// Opens the file `name` with `flags`; `O_NOFOLLOW` and `O_CLOEXEC` are added, and a created
     /// file gets mode 0644.
-    pub fn open_file(&self, name: impl AsRef<Path>, flags: OFlags) -> io::Result<File> {
+    pub(crate) fn open_file(&self, name: impl AsRef<Path>, flags: OFlags) -> io::Result<File> {
         let flags = flags | OFlags::NOFOLLOW | OFlags::CLOEXEC;
         let fd = rustix::fs::openat(
             &self.0,
@@ -90,7 +90,7 @@ impl Dir {
 
     /// Stat of the regular file `name`; `None` if absent or not a regular file (a symlink is
     /// not followed).
-    pub fn stat_regular(&self, name: impl AsRef<Path>) -> io::Result<Option<FileStat>> {
+    pub(crate) fn stat_regular(&self, name: impl AsRef<Path>) -> io::Result<Option<FileStat>> {
         Ok(self
             .lstat(name.as_ref())?
             .filter(|st| FileType::from_raw_mode(st.st_mode) == FileType::RegularFile)
@@ -106,7 +106,7 @@ impl Dir {
 
     /// Renames `from` to `to`, both in this directory; replaces what is at `to` (a symlink
     /// there is replaced, not followed).
-    pub fn rename(&self, from: impl AsRef<Path>, to: impl AsRef<Path>) -> io::Result<()> {
+    pub(crate) fn rename(&self, from: impl AsRef<Path>, to: impl AsRef<Path>) -> io::Result<()> {
         Ok(rustix::fs::renameat(
             &self.0,
             from.as_ref(),
@@ -116,7 +116,7 @@ impl Dir {
     }
 
     /// Hard-links `name` here to the same name in `to`, never following a symlink.
-    pub fn link_to(&self, name: impl AsRef<Path>, to: &Dir) -> io::Result<()> {
+    pub(crate) fn link_to(&self, name: impl AsRef<Path>, to: &Dir) -> io::Result<()> {
         let name = name.as_ref();
         Ok(rustix::fs::linkat(
             &self.0,
@@ -128,7 +128,7 @@ impl Dir {
     }
 
     /// Removes the non-directory `name` if present; a symlink is removed, not followed.
-    pub fn unlink(&self, name: impl AsRef<Path>) -> io::Result<()> {
+    pub(crate) fn unlink(&self, name: impl AsRef<Path>) -> io::Result<()> {
         match rustix::fs::unlinkat(&self.0, name.as_ref(), AtFlags::empty()) {
             Err(rustix::io::Errno::NOENT) => Ok(()),
             other => Ok(other?),
@@ -136,7 +136,7 @@ impl Dir {
     }
 
     /// Removes the directory `name`; fails when it is not empty.
-    pub fn remove_dir(&self, name: impl AsRef<Path>) -> io::Result<()> {
+    pub(crate) fn remove_dir(&self, name: impl AsRef<Path>) -> io::Result<()> {
         Ok(rustix::fs::unlinkat(
             &self.0,
             name.as_ref(),
@@ -146,7 +146,7 @@ impl Dir {
 
     /// The names in this directory (without `.` and `..`) and whether each is a real directory
     /// (a symlink to one is not).
-    pub fn entries(&self) -> io::Result<Vec<(String, bool)>> {
+    pub(crate) fn entries(&self) -> io::Result<Vec<(String, bool)>> {
         let mut entries = Vec::new();
         for entry in rustix::fs::Dir::read_from(&self.0)? {
             let entry = entry?;
@@ -167,29 +167,29 @@ impl Dir {
     }
 
     /// Makes this directory's entries (creations, renames, removals) durable.
-    pub fn sync(&self) -> io::Result<()> {
+    pub(crate) fn sync(&self) -> io::Result<()> {
         Ok(rustix::fs::fsync(&self.0)?)
     }
 
     /// Flushes every dirty page and inode of the filesystem holding this directory.
-    pub fn sync_fs(&self) -> io::Result<()> {
+    pub(crate) fn sync_fs(&self) -> io::Result<()> {
         Ok(rustix::fs::syncfs(&self.0)?)
     }
 
     /// A second handle on the same open directory.
-    pub fn try_clone(&self) -> io::Result<Self> {
+    pub(crate) fn try_clone(&self) -> io::Result<Self> {
         Ok(Self(self.0.try_clone()?))
     }
 }
 
 /// Bytes an unprivileged writer can still use on the filesystem holding `fd`.
-pub fn free_bytes(fd: impl AsFd) -> io::Result<u64> {
+pub(crate) fn free_bytes(fd: impl AsFd) -> io::Result<u64> {
     let st = rustix::fs::fstatvfs(fd)?;
     Ok(st.f_bavail * st.f_frsize)
 }
 
 /// Reserves the first `len` bytes of `file` (`fallocate`).
-pub fn allocate(file: &File, len: u64) -> io::Result<()> {
+pub(crate) fn allocate(file: &File, len: u64) -> io::Result<()> {
     Ok(rustix::fs::fallocate(
         file,
         FallocateFlags::empty(),
@@ -202,7 +202,7 @@ pub fn allocate(file: &File, len: u64) -> io::Result<()> {
 /// (whatever was at that name is removed first, never written through), written, fsynced and
 /// renamed over `name`, then the directory is fsynced. On failure the temp file is removed and
 /// `name` keeps its old content.
-pub fn write_atomic(
+pub(crate) fn write_atomic(
     dir: &Dir,
     name: impl AsRef<Path>,
     write: impl FnOnce(&mut File) -> io::Result<()>,
@@ -223,7 +223,7 @@ pub fn write_atomic(
 }
 
 /// [`write_atomic`] for a path the user gave: its directory is opened as [`Dir::open`] does.
-pub fn write_atomic_path(
+pub(crate) fn write_atomic_path(
     path: &Path,
     write: impl FnOnce(&mut File) -> io::Result<()>,
 ) -> io::Result<()> {

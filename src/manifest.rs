@@ -7,9 +7,9 @@
 //! without reading it). Its state lives in memory during a run and on disk as a journal (see
 //! [`journal`]); a completed file keeps only its hash, not its parts.
 
-pub mod journal;
-pub mod lock;
-pub mod ready;
+pub(crate) mod journal;
+pub(crate) mod lock;
+pub(crate) mod ready;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -28,7 +28,7 @@ const COMPACT_SLACK: u64 = 10_000;
 
 /// A published, durable file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Completed {
+pub(crate) struct Completed {
     pub blake3: [u8; 32],
     pub inode: u64,
     pub mtime_ns: u64,
@@ -36,7 +36,7 @@ pub struct Completed {
 
 /// A part known to be on disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DurablePart {
+pub(crate) struct DurablePart {
     pub cv: ChainingValue,
     /// The part's CRC, when the object has a full-object checksum.
     pub crc: Option<u64>,
@@ -44,7 +44,7 @@ pub struct DurablePart {
 
 /// What the manifest knows of one object.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ObjectState {
+pub(crate) struct ObjectState {
     pub path: String,
     pub size: u64,
     pub etag: String,
@@ -61,7 +61,7 @@ pub struct ObjectState {
 
 /// The manifest's state in memory.
 #[derive(Default)]
-pub struct State {
+pub(crate) struct State {
     /// Boxed: the table then holds 24-byte entries, so growing it (old and new table both
     /// alive) costs little; inline states made that peak 78 MiB at 200,000 objects.
     pub objects: HashMap<String, Box<ObjectState>>,
@@ -189,11 +189,11 @@ fn complete_record(key: &str, etag: &str, c: &Completed) -> Record {
     }
 }
 
-pub fn hex(bytes: &[u8; 32]) -> String {
+pub(crate) fn hex(bytes: &[u8; 32]) -> String {
     blake3::Hash::from_bytes(*bytes).to_hex().to_string()
 }
 
-pub fn parse_hex32(text: &str) -> Option<[u8; 32]> {
+pub(crate) fn parse_hex32(text: &str) -> Option<[u8; 32]> {
     blake3::Hash::from_hex(text).ok().map(|h| *h.as_bytes())
 }
 
@@ -203,7 +203,7 @@ fn same_dataset(a: &SourceInfo, b: &SourceInfo) -> bool {
 }
 
 /// The open manifest of a DEST.
-pub struct Manifest {
+pub(crate) struct Manifest {
     dir: Dir,
     source: SourceInfo,
     state: Mutex<State>,
@@ -213,7 +213,7 @@ pub struct Manifest {
 impl Manifest {
     /// Opens the manifest in DEST's state directory `dir` for `source`. A manifest of another
     /// source (endpoint, bucket or prefix) is set aside: DEST then starts from an empty one.
-    pub fn open(dir: Dir, source: &SourceInfo) -> io::Result<Self> {
+    pub(crate) fn open(dir: Dir, source: &SourceInfo) -> io::Result<Self> {
         let mut file = dir.open_file(JOURNAL, OFlags::RDWR | OFlags::CREATE)?;
         let mut state = State::default();
         let mut header: Option<Option<SourceInfo>> = None;
@@ -265,7 +265,7 @@ impl Manifest {
     }
 
     /// Opens the manifest of DEST as it is, whatever its source (for `verify`).
-    pub fn open_existing(dir: Dir) -> io::Result<Option<(SourceInfo, Self)>> {
+    pub(crate) fn open_existing(dir: Dir) -> io::Result<Option<(SourceInfo, Self)>> {
         let mut file = match dir.open_file(JOURNAL, OFlags::RDONLY) {
             Ok(file) => file,
             Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -287,20 +287,16 @@ impl Manifest {
         Ok(Some((source.clone(), Self::open(dir, &source)?)))
     }
 
-    pub fn source(&self) -> &SourceInfo {
-        &self.source
-    }
-
-    pub fn state(&self) -> MutexGuard<'_, State> {
+    pub(crate) fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().expect("manifest state lock")
     }
 
-    pub fn lookup(&self, key: &str) -> Option<ObjectState> {
+    pub(crate) fn lookup(&self, key: &str) -> Option<ObjectState> {
         self.state().objects.get(key).map(|o| ObjectState::clone(o))
     }
 
     /// Looks at `key`'s state without copying it.
-    pub fn inspect<T>(&self, key: &str, look: impl FnOnce(Option<&ObjectState>) -> T) -> T {
+    pub(crate) fn inspect<T>(&self, key: &str, look: impl FnOnce(Option<&ObjectState>) -> T) -> T {
         look(self.state().objects.get(key).map(|o| &**o))
     }
 
@@ -311,12 +307,12 @@ impl Manifest {
     }
 
     /// A download of this version starts from nothing.
-    pub fn start_object(&self, key: &str, object: &ObjectState) -> io::Result<()> {
+    pub(crate) fn start_object(&self, key: &str, object: &ObjectState) -> io::Result<()> {
         self.record(object_record(key, object))
     }
 
     /// These parts of `key`'s download `attempt` are durable.
-    pub fn parts_durable(
+    pub(crate) fn parts_durable(
         &self,
         key: &str,
         attempt: u64,
@@ -326,31 +322,31 @@ impl Manifest {
     }
 
     /// `key` at `etag` is published and durable.
-    pub fn complete(&self, key: &str, etag: &str, completed: Completed) -> io::Result<()> {
+    pub(crate) fn complete(&self, key: &str, etag: &str, completed: Completed) -> io::Result<()> {
         self.record(complete_record(key, etag, &completed))?;
         self.mark_seen(key);
         Ok(())
     }
 
-    pub fn forget(&self, key: &str) -> io::Result<()> {
+    pub(crate) fn forget(&self, key: &str) -> io::Result<()> {
         self.record(Record::Forget {
             key: key.to_string(),
         })
     }
 
-    pub fn mark_seen(&self, key: &str) {
+    pub(crate) fn mark_seen(&self, key: &str) {
         if let Some(object) = self.state().objects.get_mut(key) {
             object.seen = true;
         }
     }
 
     /// Makes every record so far durable.
-    pub fn sync(&self) -> io::Result<()> {
+    pub(crate) fn sync(&self) -> io::Result<()> {
         self.journal.lock().expect("journal lock").sync()
     }
 
     /// Rewrites the journal as the live state, atomically ([`fs::write_atomic`]).
-    pub fn compact(&self) -> io::Result<()> {
+    pub(crate) fn compact(&self) -> io::Result<()> {
         let mut journal = self.journal.lock().expect("journal lock");
         fs::write_atomic(&self.dir, JOURNAL, |tmp| {
             let mut writer = JournalWriter::new(tmp.try_clone()?);
@@ -365,15 +361,11 @@ impl Manifest {
     }
 
     /// Compacts if this run appended many records (end of a run).
-    pub fn compact_if_grown(&self) -> io::Result<()> {
+    pub(crate) fn compact_if_grown(&self) -> io::Result<()> {
         let appended = self.journal.lock().expect("journal lock").appended;
         if appended > self.state().objects.len() as u64 + COMPACT_SLACK {
             self.compact()?;
         }
         self.sync()
-    }
-
-    pub fn dir(&self) -> &Dir {
-        &self.dir
     }
 }

@@ -13,18 +13,18 @@ use crate::fs;
 use crate::units::human_bytes;
 use crate::write::Backend;
 
-pub const REPORT_VERSION: u32 = 1;
+pub(crate) const REPORT_VERSION: u32 = 1;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum FileStatus {
+pub(crate) enum FileStatus {
     Downloaded,
     Skipped,
 }
 
 /// One file of the dataset.
 #[derive(Clone, Debug, Serialize)]
-pub struct FileRecord {
+pub(crate) struct FileRecord {
     pub key: String,
     /// Path relative to DEST.
     pub path: String,
@@ -35,13 +35,13 @@ pub struct FileRecord {
 }
 
 #[derive(Clone, Debug, Serialize)]
-pub struct Failure {
+pub(crate) struct Failure {
     pub key: String,
     pub reason: String,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
-pub struct ObjectCounts {
+pub(crate) struct ObjectCounts {
     /// Objects listed under the prefix (including filtered ones and directory markers).
     pub listed: u64,
     /// Objects the filters selected: downloaded + skipped + failed.
@@ -56,7 +56,7 @@ pub struct ObjectCounts {
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
-pub struct ByteCounts {
+pub(crate) struct ByteCounts {
     /// Bytes of the selected objects.
     pub total: u64,
     pub downloaded: u64,
@@ -70,7 +70,7 @@ pub struct ByteCounts {
 /// How a run ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum RunResult {
+pub(crate) enum RunResult {
     /// Every selected object is mirrored and hashed.
     Complete,
     Failed,
@@ -78,7 +78,7 @@ pub enum RunResult {
 
 /// Everything but the file list.
 #[derive(Clone, Debug, Serialize)]
-pub struct Summary {
+pub(crate) struct Summary {
     pub version: u32,
     pub source: String,
     pub dest: String,
@@ -100,7 +100,7 @@ pub struct Summary {
 
 impl Summary {
     /// The closing line of a run, for a person or a pod log.
-    pub fn one_line(&self) -> String {
+    pub(crate) fn one_line(&self) -> String {
         let o = &self.objects;
         format!(
             "hydrator: {} {} objects ({}) from {} to {}: {} downloaded, {} up to date, {} failed in {:.1} s ({}/s, {})",
@@ -126,12 +126,12 @@ impl Summary {
 }
 
 /// Collects file records for the report.
-pub struct ReportSink {
+pub(crate) struct ReportSink {
     target: Option<(PathBuf, PathBuf, BufWriter<File>)>,
 }
 
 impl ReportSink {
-    pub fn new(report: Option<&Path>) -> io::Result<Self> {
+    pub(crate) fn new(report: Option<&Path>) -> io::Result<Self> {
         let target = match report {
             None => None,
             Some(path) => {
@@ -143,7 +143,7 @@ impl ReportSink {
         Ok(Self { target })
     }
 
-    pub fn record(&mut self, record: &FileRecord) -> io::Result<()> {
+    pub(crate) fn record(&mut self, record: &FileRecord) -> io::Result<()> {
         if let Some((_, _, spool)) = &mut self.target {
             serde_json::to_writer(&mut *spool, record)?;
             spool.write_all(b"\n")?;
@@ -152,7 +152,7 @@ impl ReportSink {
     }
 
     /// Writes the report (summary, then every spooled record) and renames it into place.
-    pub fn finish(self, summary: &Summary) -> io::Result<()> {
+    pub(crate) fn finish(self, summary: &Summary) -> io::Result<()> {
         let Some((path, spool_path, spool)) = self.target else {
             return Ok(());
         };

@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use crate::error::Exit;
 
 /// A stop signal for `engine::run_with` that turns true on the first SIGTERM or SIGINT.
-pub fn stop_on_signals() -> watch::Receiver<bool> {
+pub(crate) fn stop_on_signals() -> watch::Receiver<bool> {
     let (stop, stopped) = watch::channel(false);
     tokio::spawn(async move {
         let (Ok(mut term), Ok(mut int)) = (

@@ -17,10 +17,10 @@ use crate::source::list::{self, ObjectEntry};
 use crate::source::url::S3Url;
 use crate::units::unix_nanos;
 
-pub const SNAPSHOT_VERSION: u32 = 1;
+pub(crate) const SNAPSHOT_VERSION: u32 = 1;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct SnapshotEntry {
+pub(crate) struct SnapshotEntry {
     pub key: String,
     pub size: u64,
     pub etag: String,
@@ -30,7 +30,7 @@ pub struct SnapshotEntry {
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     pub version: u32,
     pub endpoint: Option<String>,
     pub bucket: String,
@@ -44,7 +44,7 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    pub fn url(&self) -> S3Url {
+    pub(crate) fn url(&self) -> S3Url {
         S3Url {
             bucket: self.bucket.clone(),
             prefix: self.prefix.clone(),
@@ -52,7 +52,7 @@ impl Snapshot {
     }
 }
 
-pub fn digest(entries: &[SnapshotEntry]) -> String {
+pub(crate) fn digest(entries: &[SnapshotEntry]) -> String {
     let mut sorted: Vec<&SnapshotEntry> = entries.iter().collect();
     sorted.sort_unstable_by(|a, b| a.key.cmp(&b.key));
     let mut hasher = blake3::Hasher::new();
@@ -70,7 +70,7 @@ pub fn digest(entries: &[SnapshotEntry]) -> String {
 }
 
 /// Lists `url` completely and freezes it.
-pub async fn create(
+pub(crate) async fn create(
     client: aws_sdk_s3::Client,
     url: &S3Url,
     endpoint: Option<String>,
@@ -110,7 +110,7 @@ pub async fn create(
 }
 
 /// Writes the snapshot file atomically ([`fs::write_atomic`]).
-pub fn write(path: &Path, snapshot: &Snapshot) -> std::io::Result<()> {
+pub(crate) fn write(path: &Path, snapshot: &Snapshot) -> std::io::Result<()> {
     fs::write_atomic_path(path, |file| {
         serde_json::to_writer(&mut *file, snapshot)?;
         file.write_all(b"\n")
@@ -118,7 +118,7 @@ pub fn write(path: &Path, snapshot: &Snapshot) -> std::io::Result<()> {
 }
 
 /// Reads and checks a snapshot file.
-pub fn read(path: &Path) -> Result<Snapshot, UsageError> {
+pub(crate) fn read(path: &Path) -> Result<Snapshot, UsageError> {
     let bad = |why: String| UsageError::new(format!("snapshot {}: {why}", path.display()));
     let bytes = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
     let snapshot: Snapshot =
@@ -138,7 +138,9 @@ pub fn read(path: &Path) -> Result<Snapshot, UsageError> {
 }
 
 /// Feeds the snapshot's objects to the engine as a listing would.
-pub fn spawn_entries(snapshot: Arc<Snapshot>) -> mpsc::Receiver<Result<ObjectEntry, SyncError>> {
+pub(crate) fn spawn_entries(
+    snapshot: Arc<Snapshot>,
+) -> mpsc::Receiver<Result<ObjectEntry, SyncError>> {
     let (tx, rx) = mpsc::channel(list::LISTING_QUEUE);
     tokio::spawn(async move {
         for e in &snapshot.entries {

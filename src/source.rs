@@ -2,13 +2,13 @@
 //! nothing from the sync's configuration), the streamed listing, ranged GETs, and the one place
 //! where S3 and HTTP errors are mapped to what hydrator does about them.
 
-pub mod checksum;
+pub(crate) mod checksum;
 pub mod client;
-pub mod errors;
-pub mod fetch;
-pub mod list;
+pub(crate) mod errors;
+pub(crate) mod fetch;
+pub(crate) mod list;
 #[cfg(test)]
-pub mod memory;
-pub mod object_source;
-pub mod s3;
-pub mod url;
+pub(crate) mod memory;
+pub(crate) mod object_source;
+pub(crate) mod s3;
+pub(crate) mod url;

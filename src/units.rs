@@ -3,7 +3,7 @@
 use std::time::SystemTime;
 
 /// `1536` → `1.5 KiB`.
-pub fn human_bytes(n: u64) -> String {
+pub(crate) fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut value = n as f64;
     let mut unit = 0;
@@ -19,13 +19,13 @@ pub fn human_bytes(n: u64) -> String {
 }
 
 /// Nanoseconds since the Unix epoch (0 before it).
-pub fn unix_nanos(time: SystemTime) -> u64 {
+pub(crate) fn unix_nanos(time: SystemTime) -> u64 {
     time.duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// Now, as RFC 3339.
-pub fn now_rfc3339() -> String {
+pub(crate) fn now_rfc3339() -> String {
     aws_smithy_types::DateTime::from(std::time::SystemTime::now())
         .fmt(aws_smithy_types::date_time::Format::DateTime)
         .unwrap_or_default()
@@ -33,7 +33,7 @@ pub fn now_rfc3339() -> String {
 
 /// A size that [`parse_size`] does not understand.
 #[derive(Debug, thiserror::Error)]
-pub enum SizeError {
+pub(crate) enum SizeError {
     #[error("{0:?} is not a size (examples: 8MiB, 16M, 1048576)")]
     NotASize(String),
     #[error("unknown size unit {0:?} (use KiB, MiB or GiB)")]
@@ -43,7 +43,7 @@ pub enum SizeError {
 }
 
 /// Parses sizes such as `8388608`, `8MiB`, `8M`, `1GiB`.
-pub fn parse_size(text: &str) -> Result<u64, SizeError> {
+pub(crate) fn parse_size(text: &str) -> Result<u64, SizeError> {
     let text = text.trim();
     let digits_end = text
         .find(|c: char| !c.is_ascii_digit())

@@ -17,7 +17,7 @@ use crate::write::walk::walk;
 
 /// What `verify` found.
 #[derive(Debug, Default)]
-pub struct Findings {
+pub(crate) struct Findings {
     pub checked: u64,
     pub missing: Vec<String>,
     pub corrupt: Vec<String>,
@@ -27,7 +27,7 @@ pub struct Findings {
 }
 
 impl Findings {
-    pub fn clean(&self) -> bool {
+    pub(crate) fn clean(&self) -> bool {
         self.missing.is_empty() && self.corrupt.is_empty() && self.unexpected.is_empty()
     }
 }
@@ -42,7 +42,7 @@ struct Expected {
 /// Checks DEST against its manifest; with `forget_bad`, missing and corrupt files are forgotten
 /// in the manifest so the next sync fetches them again. Returns the findings and the manifest's
 /// source.
-pub async fn verify(
+pub(crate) async fn verify(
     dest_path: &std::path::Path,
     forget_bad: bool,
 ) -> Result<(Findings, crate::manifest::journal::SourceInfo), SyncError> {

@@ -27,13 +27,13 @@ const LEASE_ATTEMPTS: u32 = 3;
 
 /// Where the daemon listens.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Endpoint {
+pub(crate) enum Endpoint {
     Unix(PathBuf),
     Tcp(String),
 }
 
 impl Endpoint {
-    pub fn parse(url: &str) -> Result<Self, UsageError> {
+    pub(crate) fn parse(url: &str) -> Result<Self, UsageError> {
         if let Some(path) = url.strip_prefix("unix://") {
             if path.starts_with('/') {
                 return Ok(Self::Unix(PathBuf::from(path)));
@@ -135,7 +135,7 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, SyncError> {
     serde_json::from_slice(body).map_err(|e| WarmError::Answer(e).into())
 }
 
-pub async fn run(args: WarmArgs) -> Result<Exit, SyncError> {
+pub(crate) async fn run(args: WarmArgs) -> Result<Exit, SyncError> {
     let endpoint = Endpoint::parse(&args.daemon)?;
     let token = match &args.token_file {
         Some(file) => Some(

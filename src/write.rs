@@ -13,12 +13,12 @@
 //!   `fdatasync` each, so 20,000 small files do not pay 20,000 journal commits.
 
 pub mod buffer;
-pub mod commit;
-pub mod dest;
-pub mod prune;
+pub(crate) mod commit;
+pub(crate) mod dest;
+pub(crate) mod prune;
 mod pwrite;
 mod uring;
-pub mod walk;
+pub(crate) mod walk;
 
 use std::fs::File;
 use std::io;

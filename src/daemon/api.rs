@@ -24,7 +24,7 @@ const MAX_HOLDER_LEN: usize = 253;
 type Shared = State<Arc<Daemon>>;
 
 /// The routes; with `require_token`, `/v1/` asks for the bearer token.
-pub fn router(daemon: Arc<Daemon>, require_token: bool) -> Router {
+pub(crate) fn router(daemon: Arc<Daemon>, require_token: bool) -> Router {
     let mut v1 = Router::new()
         .route("/v1/datasets", get(list))
         .route("/v1/datasets/{name}", get(status))

@@ -73,14 +73,14 @@ struct RawDataset {
 
 /// The validated catalog.
 #[derive(Clone, Debug)]
-pub struct Catalog {
+pub(crate) struct Catalog {
     pub cache: Cache,
     pub listen: Listen,
     pub datasets: BTreeMap<String, Dataset>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
-pub struct Cache {
+pub(crate) struct Cache {
     pub root: PathBuf,
     /// Bytes the cache may hold on disk.
     pub quota: u64,
@@ -96,7 +96,7 @@ pub struct Cache {
 }
 
 #[derive(Clone, Debug, PartialEq)]
-pub struct Listen {
+pub(crate) struct Listen {
     pub socket: Option<PathBuf>,
     pub socket_mode: u32,
     pub tcp: Option<SocketAddr>,
@@ -105,7 +105,7 @@ pub struct Listen {
 }
 
 #[derive(Clone, Debug)]
-pub struct Dataset {
+pub(crate) struct Dataset {
     pub source: S3Url,
     pub endpoint: Option<String>,
     pub region: Option<String>,
@@ -121,7 +121,7 @@ pub struct Dataset {
 
 impl Dataset {
     /// A sync config for hydrating this dataset into `dest`.
-    pub fn sync_config(
+    pub(crate) fn sync_config(
         &self,
         dest: PathBuf,
         concurrency: config::Concurrency,
@@ -139,7 +139,10 @@ impl Dataset {
 }
 
 /// Reads and validates the catalog at `path`; environment variables are looked up with `env`.
-pub fn load(path: &Path, env: impl Fn(&str) -> Option<String>) -> Result<Catalog, UsageError> {
+pub(crate) fn load(
+    path: &Path,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<Catalog, UsageError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| UsageError::new(format!("catalog {}: {e}", path.display())))?;
     parse(&text, env).map_err(|problems| {
@@ -152,7 +155,10 @@ pub fn load(path: &Path, env: impl Fn(&str) -> Option<String>) -> Result<Catalog
 }
 
 /// Parses catalog text; `Err` lists every problem found.
-pub fn parse(text: &str, env: impl Fn(&str) -> Option<String>) -> Result<Catalog, Vec<String>> {
+pub(crate) fn parse(
+    text: &str,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<Catalog, Vec<String>> {
     let raw: RawCatalog = toml::from_str(text).map_err(|e| vec![e.to_string()])?;
     let mut problems = Vec::new();
     let cache = cache(raw.cache, &mut problems);

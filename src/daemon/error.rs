@@ -9,7 +9,7 @@ use crate::units::human_bytes;
 
 /// Why a hydration ended without a ready snapshot.
 #[derive(Debug, thiserror::Error)]
-pub enum HydrationError {
+pub(crate) enum HydrationError {
     #[error("the daemon is stopping")]
     Stopping,
     /// Listing the source, or a sync refused before it started.
@@ -37,7 +37,7 @@ pub enum HydrationError {
 
 /// Why the cache cannot make room.
 #[derive(Debug, thiserror::Error)]
-pub enum SpaceError {
+pub(crate) enum SpaceError {
     #[error("measuring the cache: {0}")]
     MeasureCache(#[source] io::Error),
     #[error("measuring snapshots: {0}")]
@@ -73,4 +73,4 @@ pub enum SpaceError {
 /// A catalog dataset name that cannot be a directory name and an API path segment.
 #[derive(Debug, thiserror::Error)]
 #[error("names are 1 to 63 letters, digits, '-', '_' or '.', starting with a letter or digit")]
-pub struct InvalidName;
+pub(crate) struct InvalidName;

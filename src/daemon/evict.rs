@@ -20,7 +20,11 @@ use crate::units::human_bytes;
 const TRASH: &str = "trash";
 
 /// Makes room for `need` bytes and books them to `flight`; `Err` says why it cannot fit.
-pub async fn reserve(daemon: &Arc<Daemon>, flight: &Flight, need: u64) -> Result<(), SpaceError> {
+pub(crate) async fn reserve(
+    daemon: &Arc<Daemon>,
+    flight: &Flight,
+    need: u64,
+) -> Result<(), SpaceError> {
     let _space = daemon.space.lock().await;
     make_room(daemon, need).await?;
     flight.info().reserved = need;
@@ -28,7 +32,7 @@ pub async fn reserve(daemon: &Arc<Daemon>, flight: &Flight, need: u64) -> Result
 }
 
 /// Expires leases and evicts what the quota and the floor ask for; run periodically.
-pub async fn maintain(daemon: &Arc<Daemon>) {
+pub(crate) async fn maintain(daemon: &Arc<Daemon>) {
     let expired = daemon.registry().expire_leases(registry::now_unix());
     if expired > 0 {
         tracing::info!("{expired} leases expired");
@@ -162,7 +166,7 @@ async fn evict(daemon: &Arc<Daemon>, candidate: &Candidate, pressure: Pressure) 
 }
 
 /// Moves a snapshot directory out of the way (so it vanishes at once and whole), then deletes it.
-pub fn remove_snapshot(root: &Path, name: &str, digest: &str) -> io::Result<()> {
+pub(crate) fn remove_snapshot(root: &Path, name: &str, digest: &str) -> io::Result<()> {
     let trash = root.join(DAEMON_DIR).join(TRASH);
     std::fs::create_dir_all(&trash)?;
     let doomed = trash.join(format!("{name}.{digest}.{:08x}", fastrand::u32(..)));
@@ -178,7 +182,7 @@ pub fn remove_snapshot(root: &Path, name: &str, digest: &str) -> io::Result<()> 
 }
 
 /// Empties the trash a killed daemon may have left.
-pub fn empty_trash(root: &Path) -> io::Result<()> {
+pub(crate) fn empty_trash(root: &Path) -> io::Result<()> {
     let trash = root.join(DAEMON_DIR).join(TRASH);
     match std::fs::remove_dir_all(&trash) {
         Err(err) if err.kind() != io::ErrorKind::NotFound => return Err(err),

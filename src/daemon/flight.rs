@@ -20,14 +20,14 @@ use crate::snapshot::{self, Snapshot};
 use crate::source::client;
 
 /// What a warm request gets.
-pub enum Warm {
+pub(crate) enum Warm {
     Ready(DatasetStatus),
     /// Turns true when the hydration ends.
     Hydrating(tokio::sync::watch::Receiver<bool>),
 }
 
 /// Answers a warm request for the catalog dataset `name`.
-pub fn warm(daemon: &Arc<Daemon>, name: &str, dataset: &Dataset) -> Warm {
+pub(crate) fn warm(daemon: &Arc<Daemon>, name: &str, dataset: &Dataset) -> Warm {
     let mut registry = daemon.registry();
     let entry = registry.datasets.entry(name.to_string()).or_default();
     if let Some(flight) = &entry.flight {
@@ -53,7 +53,7 @@ pub fn warm(daemon: &Arc<Daemon>, name: &str, dataset: &Dataset) -> Warm {
 }
 
 /// Starts a hydration of `name` (of `resume`, a snapshot found half-done on disk, if given).
-pub fn start(
+pub(crate) fn start(
     daemon: &Arc<Daemon>,
     registry: &mut registry::Registry,
     name: &str,

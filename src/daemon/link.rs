@@ -18,14 +18,14 @@ use crate::write::dest::Dest;
 
 /// What the new snapshot got from the old one.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Linked {
+pub(crate) struct Linked {
     pub objects: u64,
     pub bytes: u64,
 }
 
 /// Links the files of `previous` (a complete snapshot directory) that `snapshot` still holds
 /// into `next`, whose manifest is opened for `source`.
-pub fn link_unchanged(
+pub(crate) fn link_unchanged(
     previous: &Path,
     next: &Path,
     source: &SourceInfo,

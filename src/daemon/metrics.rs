@@ -20,14 +20,14 @@ use super::protocol::State;
 use super::space::Pressure;
 
 /// The `Content-Type` of [`Metrics::render`]'s text.
-pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
+pub(crate) const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
 
 /// Upper bounds of the hydration duration histogram, in seconds.
 const DURATION_BUCKETS: [f64; 9] = [1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 14400.0, 86400.0];
 
 /// How a hydration ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum HydrationResult {
+pub(crate) enum HydrationResult {
     Complete,
     Failed,
     /// Cut short by the daemon stopping.
@@ -78,7 +78,7 @@ struct RequestLabels {
 }
 
 /// The daemon's counters and measured gauges; the rest is read from its state when rendering.
-pub struct Metrics {
+pub(crate) struct Metrics {
     /// Bytes received by finished hydrations (running ones are added when rendering).
     bytes_fetched: Counter,
     bytes_from_cache: Counter,
@@ -104,7 +104,7 @@ impl Default for Metrics {
 }
 
 /// What the daemon's state contributes to one scrape.
-pub struct Snapshot<'a> {
+pub(crate) struct Snapshot<'a> {
     pub bytes_fetched_running: u64,
     pub capacity: u64,
     pub datasets_by_state: BTreeMap<State, u64>,
@@ -114,31 +114,31 @@ pub struct Snapshot<'a> {
 }
 
 impl Metrics {
-    pub fn hydration_finished(&self, result: HydrationResult, seconds: f64) {
+    pub(crate) fn hydration_finished(&self, result: HydrationResult, seconds: f64) {
         self.hydrations.get_or_create(&ResultLabel { result }).inc();
         self.durations.observe(seconds);
     }
 
-    pub fn evicted(&self, reason: Pressure) {
+    pub(crate) fn evicted(&self, reason: Pressure) {
         self.evictions.get_or_create(&ReasonLabel { reason }).inc();
     }
 
     /// Bytes a finished hydration received.
-    pub fn fetched(&self, bytes: u64) {
+    pub(crate) fn fetched(&self, bytes: u64) {
         self.bytes_fetched.inc_by(bytes);
     }
 
-    pub fn served_from_cache(&self, bytes: u64) {
+    pub(crate) fn served_from_cache(&self, bytes: u64) {
         self.bytes_from_cache.inc_by(bytes);
     }
 
-    pub fn cache_measured(&self, used: u64, free: u64) {
+    pub(crate) fn cache_measured(&self, used: u64, free: u64) {
         self.cache_used.set(used);
         self.cache_free.set(free);
     }
 
     /// The exposition text: the kept metrics and `now`'s, in one registry made for the scrape.
-    pub fn render(&self, now: &Snapshot<'_>) -> String {
+    pub(crate) fn render(&self, now: &Snapshot<'_>) -> String {
         let mut registry = Registry::default();
         // The registry appends a full stop to each help text.
         registry.register(

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 /// Where a dataset stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum State {
+pub(crate) enum State {
     /// Not on this node.
     Absent,
     Hydrating,
@@ -16,9 +16,10 @@ pub enum State {
 }
 
 impl State {
-    pub const ALL: [State; 4] = [State::Absent, State::Hydrating, State::Ready, State::Failed];
+    pub(crate) const ALL: [State; 4] =
+        [State::Absent, State::Hydrating, State::Ready, State::Failed];
 
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             State::Absent => "absent",
             State::Hydrating => "hydrating",
@@ -31,7 +32,7 @@ impl State {
 /// What a hydration is doing.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Phase {
+pub(crate) enum Phase {
     /// Waiting for a hydration slot.
     #[default]
     Queued,
@@ -56,7 +57,7 @@ impl std::fmt::Display for Phase {
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Progress {
+pub(crate) struct Progress {
     pub phase: Phase,
     pub objects_done: u64,
     pub objects_total: u64,
@@ -65,7 +66,7 @@ pub struct Progress {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DatasetStatus {
+pub(crate) struct DatasetStatus {
     pub name: String,
     pub state: State,
     /// Digest of the ready snapshot (`ready`), or of the one being hydrated once listed.
@@ -87,7 +88,7 @@ pub struct DatasetStatus {
 /// `POST /v1/datasets/{name}/warm` (the body is optional).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct WarmRequest {
+pub(crate) struct WarmRequest {
     /// Answer only when the hydration has finished (ready or failed).
     #[serde(default)]
     pub wait: bool,
@@ -96,7 +97,7 @@ pub struct WarmRequest {
 /// `PUT /v1/datasets/{name}/leases/{holder}` (the body is optional).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct LeaseRequest {
+pub(crate) struct LeaseRequest {
     /// Default: the catalog's `default_lease_ttl_seconds`.
     #[serde(default)]
     pub ttl_seconds: Option<u64>,
@@ -106,7 +107,7 @@ pub struct LeaseRequest {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Lease {
+pub(crate) struct Lease {
     pub dataset: String,
     pub holder: String,
     pub snapshot: String,
@@ -115,7 +116,7 @@ pub struct Lease {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct ErrorBody {
+pub(crate) struct ErrorBody {
     pub error: String,
 }
 

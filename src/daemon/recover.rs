@@ -15,10 +15,10 @@ use crate::snapshot::Snapshot;
 use crate::write::dest::Dest;
 
 /// Interrupted hydrations to resume: dataset name and its snapshot.
-pub type Resumable = Vec<(String, Arc<Snapshot>)>;
+pub(crate) type Resumable = Vec<(String, Arc<Snapshot>)>;
 
 /// The registry found on disk, and the hydrations to resume.
-pub fn scan(root: &Path, catalog: &Catalog) -> io::Result<(Registry, Resumable)> {
+pub(crate) fn scan(root: &Path, catalog: &Catalog) -> io::Result<(Registry, Resumable)> {
     std::fs::create_dir_all(root.join(DAEMON_DIR))?;
     evict::empty_trash(root)?;
     let persisted = registry::load(root);

@@ -20,10 +20,10 @@ use crate::engine::stats::Stats;
 use crate::fs;
 
 /// The daemon's own directory under the cache root.
-pub const DAEMON_DIR: &str = ".daemon";
+pub(crate) const DAEMON_DIR: &str = ".daemon";
 const STATE_FILE: &str = "state.json";
 
-pub fn now_unix() -> u64 {
+pub(crate) fn now_unix() -> u64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or_default()
@@ -32,7 +32,7 @@ pub fn now_unix() -> u64 {
 
 /// A complete snapshot on disk.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ReadySnapshot {
+pub(crate) struct ReadySnapshot {
     pub objects: u64,
     pub bytes: u64,
     /// Unix seconds: when a caller last got it or leased it.
@@ -41,7 +41,7 @@ pub struct ReadySnapshot {
 
 /// What a running hydration has found out so far.
 #[derive(Clone, Debug, Default)]
-pub struct FlightInfo {
+pub(crate) struct FlightInfo {
     pub phase: Phase,
     pub snapshot: Option<String>,
     pub objects: u64,
@@ -53,7 +53,7 @@ pub struct FlightInfo {
 }
 
 /// One hydration, shared by every request for its dataset.
-pub struct Flight {
+pub(crate) struct Flight {
     pub stats: Arc<Stats>,
     pub started: Instant,
     pub info: Mutex<FlightInfo>,
@@ -62,7 +62,7 @@ pub struct Flight {
 }
 
 impl Flight {
-    pub fn new() -> Arc<Self> {
+    pub(crate) fn new() -> Arc<Self> {
         Arc::new(Self {
             stats: Arc::default(),
             started: Instant::now(),
@@ -71,16 +71,16 @@ impl Flight {
         })
     }
 
-    pub fn info(&self) -> std::sync::MutexGuard<'_, FlightInfo> {
+    pub(crate) fn info(&self) -> std::sync::MutexGuard<'_, FlightInfo> {
         self.info.lock().expect("flight info lock")
     }
 
-    pub fn set_phase(&self, phase: Phase) {
+    pub(crate) fn set_phase(&self, phase: Phase) {
         self.info().phase = phase;
     }
 
     /// Reserved bytes not written yet.
-    pub fn outstanding(&self) -> u64 {
+    pub(crate) fn outstanding(&self) -> u64 {
         self.info()
             .reserved
             .saturating_sub(Stats::get(&self.stats.bytes_received))
@@ -100,7 +100,7 @@ impl Flight {
 }
 
 #[derive(Default)]
-pub struct DatasetEntry {
+pub(crate) struct DatasetEntry {
     pub ready: BTreeMap<String, ReadySnapshot>,
     /// The newest ready snapshot: what warm requests get.
     pub current: Option<String>,
@@ -111,7 +111,7 @@ pub struct DatasetEntry {
 }
 
 #[derive(Default)]
-pub struct Registry {
+pub(crate) struct Registry {
     pub datasets: BTreeMap<String, DatasetEntry>,
     /// By (dataset, holder).
     pub leases: BTreeMap<(String, String), Lease>,
@@ -119,14 +119,14 @@ pub struct Registry {
 
 /// Why a lease cannot be taken.
 #[derive(Debug, PartialEq, Eq)]
-pub enum LeaseRefused {
+pub(crate) enum LeaseRefused {
     NotReady,
     NoSuchSnapshot(String),
 }
 
 impl Registry {
     /// The status of `name`, whose snapshots live under `root/name/`.
-    pub fn status(&self, root: &Path, name: &str) -> DatasetStatus {
+    pub(crate) fn status(&self, root: &Path, name: &str) -> DatasetStatus {
         let mut status = DatasetStatus {
             name: name.to_string(),
             state: State::Absent,
@@ -159,7 +159,7 @@ impl Registry {
     }
 
     /// Whether the snapshot must stay: leased, being hydrated, or linked from.
-    pub fn pinned(&self, name: &str, digest: &str, now: u64) -> bool {
+    pub(crate) fn pinned(&self, name: &str, digest: &str, now: u64) -> bool {
         let leased = self
             .leases
             .values()
@@ -177,7 +177,7 @@ impl Registry {
     }
 
     /// Takes or renews `holder`'s lease on `name` (its current snapshot unless one is named).
-    pub fn lease(
+    pub(crate) fn lease(
         &mut self,
         name: &str,
         holder: &str,
@@ -206,14 +206,14 @@ impl Registry {
     }
 
     /// Drops leases that ran out; returns how many.
-    pub fn expire_leases(&mut self, now: u64) -> usize {
+    pub(crate) fn expire_leases(&mut self, now: u64) -> usize {
         let before = self.leases.len();
         self.leases.retain(|_, lease| lease.expires_at > now);
         before - self.leases.len()
     }
 
     /// What goes into `state.json`.
-    pub fn persisted(&self) -> Persisted {
+    pub(crate) fn persisted(&self) -> Persisted {
         let mut last_used = BTreeMap::new();
         for (name, entry) in &self.datasets {
             for (digest, ready) in &entry.ready {
@@ -229,29 +229,29 @@ impl Registry {
 
 /// `ROOT/.daemon/state.json`.
 #[derive(Debug, Default, Serialize, Deserialize)]
-pub struct Persisted {
+pub(crate) struct Persisted {
     pub leases: Vec<Lease>,
     /// `name/digest` → unix seconds.
     pub last_used: BTreeMap<String, u64>,
 }
 
-pub fn snapshot_dir(root: &Path, name: &str, digest: &str) -> PathBuf {
+pub(crate) fn snapshot_dir(root: &Path, name: &str, digest: &str) -> PathBuf {
     root.join(name).join(digest)
 }
 
 /// The frozen listing a snapshot directory was hydrated from.
-pub fn snapshot_file(root: &Path, name: &str, digest: &str) -> PathBuf {
+pub(crate) fn snapshot_file(root: &Path, name: &str, digest: &str) -> PathBuf {
     root.join(name).join(format!("{digest}.snapshot"))
 }
 
 /// Writes `state` atomically.
-pub fn save(root: &Path, state: &Persisted) -> io::Result<()> {
+pub(crate) fn save(root: &Path, state: &Persisted) -> io::Result<()> {
     let path = root.join(DAEMON_DIR).join(STATE_FILE);
     fs::write_atomic_path(&path, |file| Ok(serde_json::to_writer(file, state)?))
 }
 
 /// Reads `state.json`; a missing or unreadable one is an empty state (logged).
-pub fn load(root: &Path) -> Persisted {
+pub(crate) fn load(root: &Path) -> Persisted {
     let path = root.join(DAEMON_DIR).join(STATE_FILE);
     match std::fs::read(&path) {
         Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|err| {

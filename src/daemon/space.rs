@@ -11,7 +11,7 @@ use std::path::Path;
 
 /// Bytes on disk under a directory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Usage {
+pub(crate) struct Usage {
     /// Each file's allocated bytes divided among its links: sums to the truth across the cache.
     pub shared: u64,
     /// Allocated bytes of files with no other link: what removing the directory frees.
@@ -19,7 +19,7 @@ pub struct Usage {
 }
 
 /// Walks `dir` (never following symlinks) and adds up its files' allocated bytes.
-pub fn usage(dir: &Path) -> io::Result<Usage> {
+pub(crate) fn usage(dir: &Path) -> io::Result<Usage> {
     let mut total = Usage::default();
     let mut pending = vec![dir.to_path_buf()];
     while let Some(dir) = pending.pop() {
@@ -49,13 +49,13 @@ pub fn usage(dir: &Path) -> io::Result<Usage> {
 }
 
 /// Bytes an unprivileged writer can still use on `path`'s filesystem.
-pub fn free_bytes(path: &Path) -> io::Result<u64> {
+pub(crate) fn free_bytes(path: &Path) -> io::Result<u64> {
     crate::fs::free_bytes(std::fs::File::open(path)?)
 }
 
 /// The cache's limits and where it stands.
 #[derive(Clone, Copy, Debug)]
-pub struct Budget {
+pub(crate) struct Budget {
     pub quota: u64,
     pub free_space_floor: u64,
     pub used: u64,
@@ -66,13 +66,13 @@ pub struct Budget {
 
 /// Why space must be made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Pressure {
+pub(crate) enum Pressure {
     Quota,
     FreeSpace,
 }
 
 impl Pressure {
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Pressure::Quota => "quota",
             Pressure::FreeSpace => "free_space_floor",
@@ -82,7 +82,7 @@ impl Pressure {
 
 impl Budget {
     /// Bytes to free before `need` more bytes fit, and the limit that asks for it.
-    pub fn deficit(&self, need: u64) -> Option<(u64, Pressure)> {
+    pub(crate) fn deficit(&self, need: u64) -> Option<(u64, Pressure)> {
         let over_quota = (self.used + self.reserved + need).saturating_sub(self.quota);
         let under_floor = (self.free_space_floor + self.reserved + need).saturating_sub(self.free);
         match (over_quota, under_floor) {
@@ -95,7 +95,7 @@ impl Budget {
 
 /// A complete, unleased snapshot that may go.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Candidate {
+pub(crate) struct Candidate {
     pub dataset: String,
     pub digest: String,
     /// Unix seconds of its last use.
@@ -106,7 +106,7 @@ pub struct Candidate {
 
 /// The least recently used candidates that together free `deficit` bytes, or `None` when all
 /// of them would not be enough (then nothing should be evicted).
-pub fn choose(mut candidates: Vec<Candidate>, deficit: u64) -> Option<Vec<Candidate>> {
+pub(crate) fn choose(mut candidates: Vec<Candidate>, deficit: u64) -> Option<Vec<Candidate>> {
     candidates.sort_by_key(|c| c.last_used);
     let mut freed = 0;
     let mut chosen = Vec::new();

@@ -17,7 +17,7 @@ use crate::source::errors::classify;
 const UPLOADS: usize = 4;
 
 /// A generated file and the hash of what was uploaded.
-pub struct ExpectedFile {
+pub(crate) struct ExpectedFile {
     pub path: String,
     pub size: u64,
     pub blake3: blake3::Hash,
@@ -26,7 +26,7 @@ pub struct ExpectedFile {
 /// The dataset's layout for roughly `total` bytes: a quarter in two large shards, a quarter in
 /// medium files, a quarter in small files, a quarter in one file that is not a multiple of the
 /// part size.
-pub fn layout(total: u64) -> Vec<(String, u64)> {
+pub(crate) fn layout(total: u64) -> Vec<(String, u64)> {
     let quarter = (total / 4).max(1);
     let mut files = vec![
         ("README.txt".to_string(), 1u64),
@@ -55,7 +55,7 @@ pub fn layout(total: u64) -> Vec<(String, u64)> {
 }
 
 /// Creates the bucket and uploads the dataset under `prefix`.
-pub async fn seed(
+pub(crate) async fn seed(
     server: &EmbeddedS3,
     bucket: &str,
     prefix: &str,
@@ -111,7 +111,10 @@ pub fn content(seed: u64, size: u64) -> Vec<u8> {
 
 /// Re-reads every file under `dest` and compares it with what was uploaded: the first file
 /// that differs, if any.
-pub fn verify(dest: &Path, expected: &[ExpectedFile]) -> Result<Option<PathBuf>, LocalError> {
+pub(crate) fn verify(
+    dest: &Path,
+    expected: &[ExpectedFile],
+) -> Result<Option<PathBuf>, LocalError> {
     for file in expected {
         let path = dest.join(&file.path);
         let mut hasher = blake3::Hasher::new();

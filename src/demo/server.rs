@@ -17,7 +17,7 @@ use crate::source::client::StaticCredentials;
 type BoxError = Box<dyn StdError + Send + Sync>;
 
 /// A running embedded server; it stops when dropped.
-pub struct EmbeddedS3 {
+pub(crate) struct EmbeddedS3 {
     pub endpoint: String,
     pub credentials: StaticCredentials,
     task: JoinHandle<()>,
@@ -25,7 +25,7 @@ pub struct EmbeddedS3 {
 
 impl EmbeddedS3 {
     /// Serves the directory `root` (one subdirectory per bucket) on `127.0.0.1:<free port>`.
-    pub async fn start(root: &Path) -> io::Result<Self> {
+    pub(crate) async fn start(root: &Path) -> io::Result<Self> {
         let credentials = StaticCredentials {
             access_key: format!("demo{:016x}", fastrand::u64(..)),
             secret_key: format!("{:032x}", fastrand::u128(..)),

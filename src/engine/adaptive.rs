@@ -34,7 +34,7 @@ const HOLD: u32 = 8;
 
 /// Objects in progress per request slot: enough to keep every slot busy with small objects
 /// while finished files wait for their durable commit.
-pub const OBJECTS_PER_SLOT: usize = 4;
+pub(crate) const OBJECTS_PER_SLOT: usize = 4;
 
 /// A semaphore whose size can go down while permits are out: those retire as they come back.
 struct Adjustable {
@@ -44,7 +44,7 @@ struct Adjustable {
 }
 
 /// A permit of an [`Adjustable`]; returning it retires it when the size went down meanwhile.
-pub struct Permit {
+pub(crate) struct Permit {
     permit: Option<OwnedSemaphorePermit>,
     from: Arc<Adjustable>,
 }
@@ -108,7 +108,7 @@ impl Adjustable {
 }
 
 /// The slots GETs and objects hold, with a limit that can move.
-pub struct RequestSlots {
+pub(crate) struct RequestSlots {
     requests: Arc<Adjustable>,
     /// `OBJECTS_PER_SLOT` × the request limit: objects in flight follow the limit, since each
     /// holds memory (200,000 tiny objects: 140 MiB peak RSS with 256 in flight, 119 MiB with
@@ -129,7 +129,7 @@ pub struct RequestSlots {
 impl RequestSlots {
     /// `initial` slots now, up to `max` if the controller finds that more pay off, with at
     /// most `max_objects` objects in flight.
-    pub fn new(initial: usize, max: usize, max_objects: usize) -> Self {
+    pub(crate) fn new(initial: usize, max: usize, max_objects: usize) -> Self {
         let initial = initial.min(max);
         Self {
             requests: Adjustable::new(initial),
@@ -144,12 +144,12 @@ impl RequestSlots {
     }
 
     /// Books `n` bytes received by a request.
-    pub fn record_received(&self, n: u64) {
+    pub(crate) fn record_received(&self, n: u64) {
         self.received.fetch_add(n, Relaxed);
     }
 
     /// A request slot, held by a part for its GET.
-    pub async fn acquire(&self) -> Permit {
+    pub(crate) async fn acquire(&self) -> Permit {
         match self.requests.try_acquire() {
             Some(permit) => permit,
             None => {
@@ -160,17 +160,17 @@ impl RequestSlots {
     }
 
     /// An object slot, held by an object task until its file is written.
-    pub async fn acquire_object(&self) -> Permit {
+    pub(crate) async fn acquire_object(&self) -> Permit {
         self.objects.acquire().await
     }
 
     /// The most slots there can ever be: bounds the part tasks an object keeps started.
-    pub fn max(&self) -> usize {
+    pub(crate) fn max(&self) -> usize {
         self.max
     }
 
     /// The highest limit this run reached.
-    pub fn peak(&self) -> usize {
+    pub(crate) fn peak(&self) -> usize {
         self.peak.load(Relaxed)
     }
 
@@ -200,7 +200,7 @@ enum Phase {
 }
 
 /// Adjusts `slots` every window until aborted.
-pub fn spawn_controller(slots: Arc<RequestSlots>) -> tokio::task::JoinHandle<()> {
+pub(crate) fn spawn_controller(slots: Arc<RequestSlots>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut phase = Phase::Ready;
         let mut last_bytes = slots.received.load(Relaxed);

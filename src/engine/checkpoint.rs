@@ -16,7 +16,7 @@ use crate::write::dest::{Dest, Syncer};
 
 const INTERVAL: Duration = Duration::from_millis(100);
 /// Pending bytes that trigger a checkpoint before the interval ends.
-pub const CHECKPOINT_BYTES: u64 = 32 << 20;
+pub(crate) const CHECKPOINT_BYTES: u64 = 32 << 20;
 
 struct WrittenPart {
     key: String,
@@ -26,7 +26,7 @@ struct WrittenPart {
 }
 
 /// Parts written since the last checkpoint.
-pub struct Checkpoints {
+pub(crate) struct Checkpoints {
     pending: Mutex<Vec<WrittenPart>>,
     pending_bytes: AtomicU64,
     wake: Notify,
@@ -34,7 +34,7 @@ pub struct Checkpoints {
 }
 
 impl Checkpoints {
-    pub fn new(dest: &Dest) -> std::io::Result<Self> {
+    pub(crate) fn new(dest: &Dest) -> std::io::Result<Self> {
         Ok(Self {
             pending: Mutex::default(),
             pending_bytes: AtomicU64::new(0),
@@ -43,7 +43,14 @@ impl Checkpoints {
         })
     }
 
-    pub fn part_written(&self, key: &str, attempt: u64, index: u32, part: DurablePart, bytes: u64) {
+    pub(crate) fn part_written(
+        &self,
+        key: &str,
+        attempt: u64,
+        index: u32,
+        part: DurablePart,
+        bytes: u64,
+    ) {
         self.pending
             .lock()
             .expect("checkpoint lock")
@@ -59,7 +66,7 @@ impl Checkpoints {
     }
 
     /// Syncs DEST's filesystem, then records every part written before the sync as durable.
-    pub fn flush(&self, manifest: &Manifest) -> std::io::Result<()> {
+    pub(crate) fn flush(&self, manifest: &Manifest) -> std::io::Result<()> {
         let parts = std::mem::take(&mut *self.pending.lock().expect("checkpoint lock"));
         self.pending_bytes.store(0, Relaxed);
         if parts.is_empty() {
@@ -82,7 +89,7 @@ impl Checkpoints {
 }
 
 /// Runs checkpoints until the returned task is aborted.
-pub fn spawn(
+pub(crate) fn spawn(
     checkpoints: Arc<Checkpoints>,
     manifest: Arc<Manifest>,
 ) -> tokio::task::JoinHandle<()> {

@@ -13,14 +13,14 @@ const PER_OBJECT: u64 = 3;
 
 /// The most requests and objects that may be in flight at once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct InFlight {
+pub(crate) struct InFlight {
     pub requests: usize,
     pub objects: usize,
 }
 
 /// Raises the soft open-file limit to the hard one and bounds `requests` (and the objects that
 /// go with them) by the descriptors it allows.
-pub fn in_flight(requests: usize, objects: usize) -> InFlight {
+pub(crate) fn in_flight(requests: usize, objects: usize) -> InFlight {
     let open_files = raise_open_file_limit();
     let bounded = bound(open_files, requests, objects);
     if bounded.objects < objects {

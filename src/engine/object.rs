@@ -34,7 +34,7 @@ const MAX_OBJECT_RESTARTS: u32 = 3;
 ///
 /// `slot` is one of the run's object slots; it is released as soon as the file is written, so
 /// files waiting for their durable batch do not hold back the next downloads.
-pub async fn mirror_object(
+pub(crate) async fn mirror_object(
     ctx: Arc<Ctx>,
     entry: ObjectEntry,
     rel: RelPath,

@@ -31,7 +31,7 @@ const SLOW_BODY_GRACE: Duration = Duration::from_secs(10);
 
 /// A part's BLAKE3 digest, and its CRC when the object has a full-object checksum to meet.
 #[derive(Clone, Copy, Debug)]
-pub struct FetchedPart {
+pub(crate) struct FetchedPart {
     pub digest: PartDigest,
     pub crc: Option<u64>,
 }
@@ -59,7 +59,7 @@ impl PartSums {
 }
 
 /// Where a part goes.
-pub struct PartTarget {
+pub(crate) struct PartTarget {
     pub file: Arc<File>,
     pub range: Range<u64>,
     /// The part is the whole object (its hash is the root hash).
@@ -76,7 +76,7 @@ pub struct PartTarget {
 /// the range and streams on into the same hashes. A part that is a whole object starts again
 /// instead, so that its GET stays the plain one whose checksum the client checks, and so does a
 /// part whose body broke after its last byte.
-pub async fn fetch_part(
+pub(crate) async fn fetch_part(
     ctx: Arc<Ctx>,
     object: Arc<PinnedObject>,
     target: PartTarget,

@@ -14,13 +14,13 @@ use crate::units::human_bytes;
 const BAR_TICK: Duration = Duration::from_millis(150);
 const PROGRESS_LOG_INTERVAL: Duration = Duration::from_secs(5);
 
-pub struct Progress {
+pub(crate) struct Progress {
     ticker: Option<tokio::task::JoinHandle<()>>,
     bar: Option<ProgressBar>,
 }
 
 impl Progress {
-    pub fn start(mode: ProgressMode, stats: Arc<Stats>) -> Self {
+    pub(crate) fn start(mode: ProgressMode, stats: Arc<Stats>) -> Self {
         let mode = match mode {
             ProgressMode::Auto if std::io::stderr().is_terminal() => ProgressMode::Bar,
             ProgressMode::Auto => ProgressMode::Log,
@@ -53,7 +53,7 @@ impl Progress {
         }
     }
 
-    pub fn finish(self) {
+    pub(crate) fn finish(self) {
         if let Some(ticker) = self.ticker {
             ticker.abort();
         }

@@ -6,7 +6,7 @@ const BASE: Duration = Duration::from_millis(100);
 const CAP: Duration = Duration::from_secs(10);
 
 /// The delay before retry number `attempt` (0-based): uniform in `[0, min(CAP, BASE × 2^n)]`.
-pub fn backoff(attempt: u32) -> Duration {
+pub(crate) fn backoff(attempt: u32) -> Duration {
     let ceiling = BASE.saturating_mul(1u32 << attempt.min(16)).min(CAP);
     ceiling.mul_f64(fastrand::f64())
 }

@@ -50,7 +50,7 @@ const MAX_REPORTED_FAILURES: usize = 10_000;
 /// Request slots and write buffers that several runs in one process share, so that together
 /// they stay inside one concurrency and memory budget and back off together when throttled.
 #[derive(Clone)]
-pub struct Budget {
+pub(crate) struct Budget {
     pub slots: Arc<RequestSlots>,
     pub pool: BufferPool,
 }
@@ -58,7 +58,7 @@ pub struct Budget {
 impl Budget {
     /// The budget of `concurrency` requests in flight (and the buffers they need); with
     /// `Auto`, the adaptive controller runs until the returned handle is aborted.
-    pub fn new(concurrency: Concurrency) -> (Self, Option<JoinHandle<()>>) {
+    pub(crate) fn new(concurrency: Concurrency) -> (Self, Option<JoinHandle<()>>) {
         let in_flight = limits::in_flight(
             concurrency.max(),
             concurrency.max() * adaptive::OBJECTS_PER_SLOT,
@@ -79,7 +79,7 @@ impl Budget {
 /// signal that stops it early (the run then flushes its manifest and reports `Stopped`), and
 /// the object store to read (an S3 client built from the config when `None`).
 #[derive(Default)]
-pub struct Hooks {
+pub(crate) struct Hooks {
     pub budget: Option<Budget>,
     pub stats: Arc<Stats>,
     pub stop: Option<watch::Receiver<bool>>,
@@ -87,18 +87,18 @@ pub struct Hooks {
 }
 
 /// The result of a run that got as far as starting.
-pub struct Outcome {
+pub(crate) struct Outcome {
     pub summary: Summary,
     pub exit: Exit,
 }
 
 /// Runs a sync. `Err` only for problems found before any work starts.
-pub async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
+pub(crate) async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
     run_with(cfg, Hooks::default()).await
 }
 
 /// Runs a sync embedded as `hooks` say.
-pub async fn run_with(cfg: SyncConfig, mut hooks: Hooks) -> Result<Outcome, SyncError> {
+pub(crate) async fn run_with(cfg: SyncConfig, mut hooks: Hooks) -> Result<Outcome, SyncError> {
     let started = Instant::now();
     let mut stop = hooks.stop.take();
     let mut run = match prepare(&cfg, hooks, &mut stop, started).await? {

@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 #[derive(Default, Debug)]
-pub struct Stats {
+pub(crate) struct Stats {
     pub objects_listed: AtomicU64,
     pub bytes_listed: AtomicU64,
     pub objects_downloaded: AtomicU64,
@@ -27,16 +27,16 @@ pub struct Stats {
 }
 
 impl Stats {
-    pub fn add(counter: &AtomicU64, n: u64) {
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Relaxed);
     }
 
-    pub fn get(counter: &AtomicU64) -> u64 {
+    pub(crate) fn get(counter: &AtomicU64) -> u64 {
         counter.load(Relaxed)
     }
 
     /// Objects accounted for: downloaded, skipped or failed.
-    pub fn objects_finished(&self) -> u64 {
+    pub(crate) fn objects_finished(&self) -> u64 {
         Self::get(&self.objects_downloaded)
             + Self::get(&self.objects_skipped)
             + Self::get(&self.objects_failed)

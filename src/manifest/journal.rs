@@ -13,14 +13,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::SyncConfig;
 
-pub const FORMAT_VERSION: u32 = 1;
+pub(crate) const FORMAT_VERSION: u32 = 1;
 const HEADER_LEN: usize = 12;
 /// Longest record accepted when reading; anything longer is corruption.
 const MAX_RECORD: usize = 64 << 20;
 
 /// Where a dataset comes from.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SourceInfo {
+pub(crate) struct SourceInfo {
     pub endpoint: Option<String>,
     pub bucket: String,
     pub prefix: String,
@@ -48,7 +48,7 @@ impl From<&SyncConfig> for SourceInfo {
 /// One journal entry.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
-pub enum Record {
+pub(crate) enum Record {
     /// First record: format version and source.
     Header { version: u32, source: SourceInfo },
     /// A download of this version of the object starts; earlier parts are void.
@@ -83,7 +83,10 @@ pub enum Record {
 
 /// Streams the intact records to `visit` (which returns false to stop early) and returns how
 /// many were read and the length of the intact prefix. Memory stays at one record.
-pub fn replay(file: &mut File, visit: &mut dyn FnMut(Record) -> bool) -> io::Result<(u64, u64)> {
+pub(crate) fn replay(
+    file: &mut File,
+    visit: &mut dyn FnMut(Record) -> bool,
+) -> io::Result<(u64, u64)> {
     file.seek(SeekFrom::Start(0))?;
     let mut reader = BufReader::with_capacity(1 << 20, &mut *file);
     let (mut count, mut intact) = (0u64, 0u64);
@@ -128,7 +131,7 @@ fn read_full(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
 }
 
 /// Frames one record.
-pub fn encode(record: &Record) -> Vec<u8> {
+pub(crate) fn encode(record: &Record) -> Vec<u8> {
     let payload = serde_json::to_vec(record).expect("records serialise");
     let mut framed = Vec::with_capacity(HEADER_LEN + payload.len());
     framed.extend_from_slice(&(payload.len() as u32).to_le_bytes());
@@ -138,32 +141,32 @@ pub fn encode(record: &Record) -> Vec<u8> {
 }
 
 /// Appends framed records to the journal file.
-pub struct JournalWriter {
+pub(crate) struct JournalWriter {
     out: BufWriter<File>,
     pub appended: u64,
 }
 
 impl JournalWriter {
-    pub fn new(file: File) -> Self {
+    pub(crate) fn new(file: File) -> Self {
         Self {
             out: BufWriter::with_capacity(256 << 10, file),
             appended: 0,
         }
     }
 
-    pub fn append(&mut self, record: &Record) -> io::Result<()> {
+    pub(crate) fn append(&mut self, record: &Record) -> io::Result<()> {
         self.out.write_all(&encode(record))?;
         self.appended += 1;
         Ok(())
     }
 
     /// Hands everything appended so far to the kernel.
-    pub fn flush(&mut self) -> io::Result<()> {
+    pub(crate) fn flush(&mut self) -> io::Result<()> {
         self.out.flush()
     }
 
     /// Makes everything appended so far durable.
-    pub fn sync(&mut self) -> io::Result<()> {
+    pub(crate) fn sync(&mut self) -> io::Result<()> {
         self.flush()?;
         self.out.get_ref().sync_data()
     }

@@ -12,12 +12,15 @@ const LOCK: &str = "lock";
 const POLL: Duration = Duration::from_millis(100);
 
 /// Held for the whole run; released when dropped.
-pub struct DestLock {
+pub(crate) struct DestLock {
     _file: File,
 }
 
 /// Takes the lock, waiting at most `timeout` (forever when `None`).
-pub async fn acquire(state_dir: &Dir, timeout: Option<Duration>) -> Result<DestLock, SyncError> {
+pub(crate) async fn acquire(
+    state_dir: &Dir,
+    timeout: Option<Duration>,
+) -> Result<DestLock, SyncError> {
     let file = state_dir
         .open_file(LOCK, OFlags::RDWR | OFlags::CREATE)
         .local("opening the lock file", ".hydrator/lock")?;

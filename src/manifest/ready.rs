@@ -15,7 +15,7 @@ use crate::fs::{self, Dir, OFlags};
 const READY: &str = "READY";
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Ready {
+pub(crate) struct Ready {
     pub version: u32,
     /// BLAKE3 over `path \0 size \0 blake3 \n` for every file, sorted by path.
     pub digest: String,
@@ -31,7 +31,7 @@ pub struct Ready {
 }
 
 /// The dataset digest of `(path, size, blake3)` entries (sorted here).
-pub fn dataset_digest<P: AsRef<str>>(mut entries: Vec<(P, u64, [u8; 32])>) -> blake3::Hash {
+pub(crate) fn dataset_digest<P: AsRef<str>>(mut entries: Vec<(P, u64, [u8; 32])>) -> blake3::Hash {
     entries.sort_unstable_by(|a, b| a.0.as_ref().cmp(b.0.as_ref()));
     let mut hasher = blake3::Hasher::new();
     for (path, size, hash) in &entries {
@@ -46,12 +46,12 @@ pub fn dataset_digest<P: AsRef<str>>(mut entries: Vec<(P, u64, [u8; 32])>) -> bl
 }
 
 /// Removes READY (durably) before anything in DEST changes.
-pub fn remove(state_dir: &Dir) -> io::Result<()> {
+pub(crate) fn remove(state_dir: &Dir) -> io::Result<()> {
     state_dir.unlink(READY)?;
     state_dir.sync()
 }
 
-pub fn write(state_dir: &Dir, ready: &Ready) -> io::Result<()> {
+pub(crate) fn write(state_dir: &Dir, ready: &Ready) -> io::Result<()> {
     fs::write_atomic(state_dir, READY, |file| {
         file.write_all(&serde_json::to_vec_pretty(ready)?)?;
         file.write_all(b"\n")
@@ -59,7 +59,7 @@ pub fn write(state_dir: &Dir, ready: &Ready) -> io::Result<()> {
 }
 
 /// READY's content, if present and readable.
-pub fn read(state_dir: &Dir) -> Option<Ready> {
+pub(crate) fn read(state_dir: &Dir) -> Option<Ready> {
     let mut file = state_dir.open_file(READY, OFlags::RDONLY).ok()?;
     let mut text = String::new();
     file.read_to_string(&mut text).ok()?;

@@ -5,13 +5,13 @@ use globset::{Glob, GlobSet, GlobSetBuilder};
 
 use crate::error::UsageError;
 
-pub struct KeyFilter {
+pub(crate) struct KeyFilter {
     include: Option<GlobSet>,
     exclude: GlobSet,
 }
 
 impl KeyFilter {
-    pub fn new(include: &[String], exclude: &[String]) -> Result<Self, UsageError> {
+    pub(crate) fn new(include: &[String], exclude: &[String]) -> Result<Self, UsageError> {
         let include = if include.is_empty() {
             None
         } else {
@@ -23,7 +23,7 @@ impl KeyFilter {
         })
     }
 
-    pub fn accepts(&self, relative: &str) -> bool {
+    pub(crate) fn accepts(&self, relative: &str) -> bool {
         self.include
             .as_ref()
             .is_none_or(|set| set.is_match(relative))

@@ -12,7 +12,7 @@
 use std::fmt;
 
 /// Name of hydrator's state directory inside DEST.
-pub const STATE_DIR: &str = ".hydrator";
+pub(crate) const STATE_DIR: &str = ".hydrator";
 const PARTIAL_SUFFIX: &str = ".partial";
 const MAX_NAME_LEN: usize = 255;
 /// The file name itself must leave room for `.NAME.partial` within the 255-byte limit.
@@ -20,28 +20,24 @@ const MAX_FILE_NAME_LEN: usize = MAX_NAME_LEN - 1 - PARTIAL_SUFFIX.len();
 
 /// A relative path under DEST whose segments are all plain names.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct RelPath {
+pub(crate) struct RelPath {
     segments: Vec<String>,
 }
 
 impl RelPath {
-    pub fn segments(&self) -> &[String] {
-        &self.segments
-    }
-
     /// The directories leading to the file.
-    pub fn parents(&self) -> &[String] {
+    pub(crate) fn parents(&self) -> &[String] {
         &self.segments[..self.segments.len() - 1]
     }
 
-    pub fn file_name(&self) -> &str {
+    pub(crate) fn file_name(&self) -> &str {
         self.segments
             .last()
             .expect("a RelPath has at least one segment")
     }
 
     /// Whether `path` (segments joined by `/`) names this path.
-    pub fn is(&self, path: &str) -> bool {
+    pub(crate) fn is(&self, path: &str) -> bool {
         let mut rest = path.split('/');
         self.segments
             .iter()
@@ -50,7 +46,7 @@ impl RelPath {
     }
 
     /// Name of the in-flight sibling: `.NAME.partial`.
-    pub fn partial_name(&self) -> String {
+    pub(crate) fn partial_name(&self) -> String {
         format!(".{}{PARTIAL_SUFFIX}", self.file_name())
     }
 }
@@ -63,7 +59,7 @@ impl fmt::Display for RelPath {
 
 /// What to do with a key.
 #[derive(Debug, PartialEq, Eq)]
-pub enum KeyPlan {
+pub(crate) enum KeyPlan {
     File(RelPath),
     /// An empty `dir/` marker (or the prefix itself): nothing to write.
     DirectoryMarker,
@@ -72,7 +68,7 @@ pub enum KeyPlan {
 }
 
 /// Maps `key` (listed under `prefix`) to a path under DEST. `size` tells markers from data.
-pub fn plan_key(prefix: &str, key: &str, size: u64) -> KeyPlan {
+pub(crate) fn plan_key(prefix: &str, key: &str, size: u64) -> KeyPlan {
     let Some(relative) = key.strip_prefix(prefix) else {
         return KeyPlan::Refused(format!("key is outside the prefix {prefix:?}"));
     };

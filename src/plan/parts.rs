@@ -4,7 +4,7 @@
 use std::ops::Range;
 
 /// The byte ranges of the parts of an object; an empty object has no parts.
-pub fn part_ranges(size: u64, part_size: u64) -> impl Iterator<Item = Range<u64>> {
+pub(crate) fn part_ranges(size: u64, part_size: u64) -> impl Iterator<Item = Range<u64>> {
     (0..size.div_ceil(part_size)).map(move |i| {
         let start = i * part_size;
         start..(start + part_size).min(size)

@@ -9,7 +9,7 @@ use aws_sdk_s3::types::ChecksumType;
 use crc_fast::{checksum_combine, CrcAlgorithm, Digest};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Algorithm {
+pub(crate) enum Algorithm {
     Crc32,
     Crc32c,
     Crc64Nvme,
@@ -24,7 +24,7 @@ impl Algorithm {
         }
     }
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Algorithm::Crc32 => "CRC32",
             Algorithm::Crc32c => "CRC32C",
@@ -32,20 +32,20 @@ impl Algorithm {
         }
     }
 
-    pub fn digest(self) -> Digest {
+    pub(crate) fn digest(self) -> Digest {
         Digest::new(self.crc())
     }
 }
 
 /// The server's checksum of a whole object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FullObjectChecksum {
+pub(crate) struct FullObjectChecksum {
     pub algorithm: Algorithm,
     pub value: u64,
 }
 
 /// Picks the strongest full-object checksum among a response's checksum headers.
-pub fn full_object(
+pub(crate) fn full_object(
     checksum_type: Option<&ChecksumType>,
     crc64nvme: Option<&str>,
     crc32c: Option<&str>,
@@ -75,7 +75,7 @@ pub fn full_object(
 }
 
 /// The CRC of a whole object from its parts' `(crc, length)` in offset order.
-pub fn combine(algorithm: Algorithm, parts: &[(u64, u64)]) -> u64 {
+pub(crate) fn combine(algorithm: Algorithm, parts: &[(u64, u64)]) -> u64 {
     let mut parts = parts.iter();
     let Some(&(first, _)) = parts.next() else {
         return algorithm.digest().finalize();

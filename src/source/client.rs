@@ -40,7 +40,7 @@ pub struct StaticCredentials {
 
 /// Where the S3 server is and how to talk to it.
 #[derive(Clone, Debug)]
-pub struct ClientSettings {
+pub(crate) struct ClientSettings {
     /// A custom endpoint (MinIO, Ceph RGW, Garage...); `None`: AWS.
     pub endpoint: Option<String>,
     /// `None`: the AWS chain, or us-east-1 with a custom endpoint.
@@ -55,7 +55,7 @@ pub struct ClientSettings {
 /// The answers S3 clients received: throttling ones (429, 503, retried or not) for the adaptive
 /// limit, and every one by operation and status for the daemon's metrics.
 #[derive(Debug, Default)]
-pub struct Responses {
+pub(crate) struct Responses {
     /// Throttling answers since the adaptive controller last looked.
     pub throttled: AtomicU64,
     by_operation: Mutex<BTreeMap<(String, u16), u64>>,
@@ -63,7 +63,7 @@ pub struct Responses {
 
 impl Responses {
     /// Answers so far, by (operation, HTTP status).
-    pub fn by_operation(&self) -> BTreeMap<(String, u16), u64> {
+    pub(crate) fn by_operation(&self) -> BTreeMap<(String, u16), u64> {
         self.by_operation.lock().expect("responses lock").clone()
     }
 
@@ -103,7 +103,10 @@ impl Intercept for RecordResponses {
 }
 
 /// The client for `settings`; its answers are counted into `responses`.
-pub async fn build(settings: &ClientSettings, responses: Arc<Responses>) -> aws_sdk_s3::Client {
+pub(crate) async fn build(
+    settings: &ClientSettings,
+    responses: Arc<Responses>,
+) -> aws_sdk_s3::Client {
     let mut loader = aws_config::defaults(BehaviorVersion::latest());
     let region = settings.region.clone().or_else(|| {
         settings

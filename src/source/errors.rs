@@ -7,7 +7,7 @@ use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use crate::error::{HttpAnswer, SourceError, SourceErrorKind};
 
 /// The SDK's error for `request`, classified; the SDK error is kept as the cause.
-pub fn classify<E, R>(err: SdkError<E, R>, request: impl Into<String>) -> SourceError
+pub(crate) fn classify<E, R>(err: SdkError<E, R>, request: impl Into<String>) -> SourceError
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     R: std::fmt::Debug + HasStatus + Send + Sync + 'static,
@@ -70,7 +70,7 @@ fn caused_by_credentials(err: &(dyn std::error::Error + 'static)) -> bool {
 }
 
 /// The error and its sources on one line, for a person to read.
-pub fn describe_chain(err: &dyn std::error::Error) -> String {
+pub(crate) fn describe_chain(err: &dyn std::error::Error) -> String {
     let mut text = err.to_string();
     let mut source = err.source();
     while let Some(cause) = source {
@@ -85,7 +85,7 @@ pub fn describe_chain(err: &dyn std::error::Error) -> String {
 }
 
 /// Access to the HTTP status of a raw response, whatever its type.
-pub trait HasStatus {
+pub(crate) trait HasStatus {
     fn status_code(&self) -> u16;
 }
 

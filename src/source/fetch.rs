@@ -12,7 +12,7 @@ use crate::error::{BodyError, PartError, ProtocolError};
 
 /// The object a part belongs to, as the listing (or a restart's HEAD) saw it.
 #[derive(Clone, Debug)]
-pub struct PinnedObject {
+pub(crate) struct PinnedObject {
     pub bucket: String,
     pub key: String,
     pub etag: String,
@@ -34,7 +34,7 @@ impl PinnedObject {
 
 /// Sends a ranged GET for `range` of `object` and returns the body once the response headers
 /// prove it is exactly that range of that version.
-pub async fn get_range(
+pub(crate) async fn get_range(
     source: &dyn ObjectSource,
     object: &PinnedObject,
     range: Range<u64>,
@@ -54,7 +54,7 @@ pub async fn get_range(
 }
 
 /// The server's full-object checksum of `object` at its pinned version, if it keeps one.
-pub async fn full_object_checksum(
+pub(crate) async fn full_object_checksum(
     source: &dyn ObjectSource,
     object: &PinnedObject,
 ) -> Result<Option<FullObjectChecksum>, PartError> {
@@ -71,7 +71,7 @@ pub async fn full_object_checksum(
 }
 
 /// Looks the object up again after it changed, to pin the new version.
-pub async fn head(
+pub(crate) async fn head(
     source: &dyn ObjectSource,
     bucket: &str,
     key: &str,

@@ -11,13 +11,13 @@ use tokio::sync::mpsc;
 use std::sync::Arc;
 
 use super::errors::classify;
-pub use super::object_source::ObjectEntry;
+pub(crate) use super::object_source::ObjectEntry;
 use super::object_source::ObjectSource;
 use super::url::S3Url;
 use crate::error::{ListingError, Remedy, SourceError, SyncError};
 
 /// Objects buffered between the listing and the planner (a few pages).
-pub const LISTING_QUEUE: usize = 4096;
+pub(crate) const LISTING_QUEUE: usize = 4096;
 
 fn listing_error(err: SourceError, first_page: bool) -> SyncError {
     match err.remedy() {
@@ -29,7 +29,7 @@ fn listing_error(err: SourceError, first_page: bool) -> SyncError {
 
 /// Starts listing `url` and returns the queue it fills. The queue ends with either the last
 /// object or one error; a queue that ends with an error means the listing is incomplete.
-pub fn spawn(
+pub(crate) fn spawn(
     source: Arc<dyn ObjectSource>,
     url: S3Url,
 ) -> mpsc::Receiver<Result<ObjectEntry, SyncError>> {
@@ -113,7 +113,7 @@ async fn list_into(
 
 /// Lists the latest version of every object under `url` in a versioned bucket, with its
 /// version id (for snapshots). Deleted objects (a delete marker is latest) are left out.
-pub async fn list_latest_versions(
+pub(crate) async fn list_latest_versions(
     client: &aws_sdk_s3::Client,
     url: &S3Url,
 ) -> Result<Vec<ObjectEntry>, SyncError> {
@@ -161,7 +161,7 @@ pub async fn list_latest_versions(
 }
 
 /// Whether the bucket keeps versions (servers without versioning say no, or nothing).
-pub async fn bucket_is_versioned(client: &aws_sdk_s3::Client, bucket: &str) -> bool {
+pub(crate) async fn bucket_is_versioned(client: &aws_sdk_s3::Client, bucket: &str) -> bool {
     match client.get_bucket_versioning().bucket(bucket).send().await {
         Ok(out) => out.status() == Some(&aws_sdk_s3::types::BucketVersioningStatus::Enabled),
         Err(err) => {

@@ -19,7 +19,7 @@ const CHUNK: usize = 64 << 10;
 
 /// What the next GET of a key does instead of answering plainly.
 #[derive(Clone, Debug)]
-pub enum Fault {
+pub(crate) enum Fault {
     /// Answers an HTTP error.
     Status(u16, &'static str),
     /// Sends the headers and this many bytes of the body, then breaks the connection.
@@ -32,7 +32,7 @@ pub enum Fault {
 
 /// A request the source answered.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Request {
+pub(crate) enum Request {
     List,
     Head(String),
     Get(String, Range<u64>),
@@ -45,7 +45,7 @@ struct Object {
 }
 
 #[derive(Default)]
-pub struct MemorySource {
+pub(crate) struct MemorySource {
     objects: Mutex<BTreeMap<String, Object>>,
     /// Faults by key, used up in order by that key's GETs.
     faults: Mutex<Vec<(String, Fault)>>,
@@ -55,14 +55,14 @@ pub struct MemorySource {
 }
 
 impl MemorySource {
-    pub fn new(with_checksums: bool) -> Self {
+    pub(crate) fn new(with_checksums: bool) -> Self {
         Self {
             with_checksums,
             ..Self::default()
         }
     }
 
-    pub fn put(&self, key: &str, data: impl Into<Bytes>) {
+    pub(crate) fn put(&self, key: &str, data: impl Into<Bytes>) {
         let mut objects = self.objects.lock().unwrap();
         let generation = objects.get(key).map_or(0, |o| o.generation + 1);
         objects.insert(
@@ -75,12 +75,12 @@ impl MemorySource {
         );
     }
 
-    pub fn fault(&self, key: &str, fault: Fault) {
+    pub(crate) fn fault(&self, key: &str, fault: Fault) {
         self.faults.lock().unwrap().push((key.to_string(), fault));
     }
 
     /// The requests answered so far.
-    pub fn requests(&self) -> Vec<Request> {
+    pub(crate) fn requests(&self) -> Vec<Request> {
         self.log.lock().unwrap().clone()
     }
 

@@ -17,11 +17,11 @@ use super::checksum::FullObjectChecksum;
 use crate::error::{BoxError, SourceError};
 
 /// A response body, chunk by chunk.
-pub type Body = Pin<Box<dyn Stream<Item = Result<Bytes, BoxError>> + Send>>;
+pub(crate) type Body = Pin<Box<dyn Stream<Item = Result<Bytes, BoxError>> + Send>>;
 
 /// One object of the listing.
 #[derive(Clone, Debug)]
-pub struct ObjectEntry {
+pub(crate) struct ObjectEntry {
     pub key: String,
     pub size: u64,
     pub etag: String,
@@ -31,7 +31,7 @@ pub struct ObjectEntry {
 }
 
 /// One page of a listing.
-pub struct ListPage {
+pub(crate) struct ListPage {
     pub entries: Vec<ObjectEntry>,
     /// The server says the listing continues.
     pub truncated: bool,
@@ -40,7 +40,7 @@ pub struct ListPage {
 
 /// One version of one object, as a HEAD or GET names it.
 #[derive(Clone, Copy, Debug)]
-pub struct ObjectRef<'a> {
+pub(crate) struct ObjectRef<'a> {
     pub bucket: &'a str,
     pub key: &'a str,
     pub version_id: Option<&'a str>,
@@ -50,7 +50,7 @@ pub struct ObjectRef<'a> {
 
 /// What a HEAD tells.
 #[derive(Clone, Debug)]
-pub struct ObjectHead {
+pub(crate) struct ObjectHead {
     pub etag: String,
     pub size: u64,
     pub last_modified: Option<SystemTime>,
@@ -59,14 +59,14 @@ pub struct ObjectHead {
 }
 
 /// The headers of a GET that matter, and its body.
-pub struct GetResponse {
+pub(crate) struct GetResponse {
     pub etag: Option<String>,
     pub content_range: Option<String>,
     pub content_length: Option<i64>,
     pub body: Body,
 }
 
-pub trait ObjectSource: Send + Sync + 'static {
+pub(crate) trait ObjectSource: Send + Sync + 'static {
     /// The page of `prefix`'s listing that starts at `continuation`.
     fn list_page<'a>(
         &'a self,

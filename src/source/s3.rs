@@ -14,12 +14,12 @@ use super::list::ObjectEntry;
 use super::object_source::{Body, GetResponse, ListPage, ObjectHead, ObjectRef, ObjectSource};
 use crate::error::SourceError;
 
-pub struct S3Source {
+pub(crate) struct S3Source {
     client: aws_sdk_s3::Client,
 }
 
 impl S3Source {
-    pub fn new(client: aws_sdk_s3::Client) -> Self {
+    pub(crate) fn new(client: aws_sdk_s3::Client) -> Self {
         Self { client }
     }
 }

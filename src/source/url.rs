@@ -4,13 +4,13 @@ use crate::error::UsageError;
 
 /// `s3://bucket/prefix/`: the prefix, if not empty, always ends with `/`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct S3Url {
+pub(crate) struct S3Url {
     pub bucket: String,
     pub prefix: String,
 }
 
 impl S3Url {
-    pub fn parse(url: &str) -> Result<Self, UsageError> {
+    pub(crate) fn parse(url: &str) -> Result<Self, UsageError> {
         let bad = |why: &dyn std::fmt::Display| {
             UsageError::new(format!("invalid source URL {url:?}: {why}"))
         };

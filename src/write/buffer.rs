@@ -10,9 +10,9 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Semaphore;
 
 /// Alignment that O_DIRECT needs for buffers, offsets and lengths on common filesystems.
-pub const DIRECT_IO_ALIGN: usize = 4096;
+pub(crate) const DIRECT_IO_ALIGN: usize = 4096;
 /// Size of one pooled write buffer. Parts stream through several of these.
-pub const WRITE_BUFFER_SIZE: usize = 1 << 20;
+pub(crate) const WRITE_BUFFER_SIZE: usize = 1 << 20;
 
 /// A fixed-capacity byte buffer aligned to `DIRECT_IO_ALIGN`.
 struct AlignedBuf {
@@ -76,7 +76,7 @@ impl BufferPool {
 
     /// Waits for a free buffer for `remaining` more bytes: a full-size pooled one, or an
     /// exact-size one (rounded up to the O_DIRECT alignment) when less than a buffer is left.
-    pub async fn acquire_for(&self, remaining: u64) -> PooledBuf {
+    pub(crate) async fn acquire_for(&self, remaining: u64) -> PooledBuf {
         let size = self.inner.buffer_size;
         if remaining >= size as u64 {
             return self.acquire().await;
@@ -132,15 +132,11 @@ impl PooledBuf {
         self.buf.as_ref().expect("buffer present until drop")
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.buf().len
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    pub fn is_full(&self) -> bool {
+    pub(crate) fn is_full(&self) -> bool {
         self.buf().len == self.buf().capacity
     }
 
@@ -156,7 +152,7 @@ impl PooledBuf {
         n
     }
 
-    pub fn as_slice(&self) -> &[u8] {
+    pub(crate) fn as_slice(&self) -> &[u8] {
         let buf = self.buf();
         // SAFETY: the first `len` bytes are initialised (the allocation is zeroed).
         unsafe { std::slice::from_raw_parts(buf.ptr.as_ptr(), buf.len) }
@@ -164,7 +160,7 @@ impl PooledBuf {
 
     /// Extends the length with zeros up to the next multiple of `DIRECT_IO_ALIGN`, for the last
     /// O_DIRECT write of a file (the file is truncated to its real size afterwards).
-    pub fn pad_for_direct_io(&mut self) {
+    pub(crate) fn pad_for_direct_io(&mut self) {
         let buf = self.buf.as_mut().expect("buffer present until drop");
         let padded = buf.len.next_multiple_of(DIRECT_IO_ALIGN);
         // SAFETY: `padded` ≤ capacity since capacity is a multiple of the alignment.
@@ -217,7 +213,7 @@ mod tests {
         assert!(third.await.is_err(), "a third buffer must wait");
         drop(a);
         let c = pool.acquire().await;
-        assert!(c.is_empty(), "a recycled buffer comes back empty");
+        assert_eq!(c.len(), 0, "a recycled buffer comes back empty");
         drop((b, c));
     }
 

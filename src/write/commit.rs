@@ -37,13 +37,13 @@ struct Job {
 
 /// Handle to the committer task.
 #[derive(Clone)]
-pub struct Committer {
+pub(crate) struct Committer {
     tx: mpsc::Sender<Job>,
 }
 
 impl Committer {
     /// Starts the committer task; it ends when the last handle is dropped.
-    pub fn start(dest: Arc<Dest>, manifest: Arc<Manifest>) -> io::Result<Self> {
+    pub(crate) fn start(dest: Arc<Dest>, manifest: Arc<Manifest>) -> io::Result<Self> {
         let syncer = Arc::new(dest.syncer()?);
         let (tx, rx) = mpsc::channel(BATCH_FILES);
         tokio::spawn(run(dest, syncer, manifest, rx));
@@ -52,7 +52,7 @@ impl Committer {
 
     /// Publishes `rel`'s partial file (object `key` at `etag`, hashing to `hash`) under its
     /// final name; returns once that and its manifest record are durable.
-    pub async fn publish(
+    pub(crate) async fn publish(
         &self,
         rel: RelPath,
         key: String,

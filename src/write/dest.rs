@@ -14,7 +14,7 @@ use crate::plan::keys::{RelPath, STATE_DIR};
 use crate::units::human_bytes;
 
 /// An open DEST directory.
-pub struct Dest {
+pub(crate) struct Dest {
     root: Dir,
     path: PathBuf,
 }
@@ -33,7 +33,7 @@ fn with_direct(flags: OFlags, direct_io: bool) -> OFlags {
 
 impl Dest {
     /// Creates DEST if needed and opens it. DEST itself may be a symlink the user chose.
-    pub fn open(path: &Path) -> io::Result<Self> {
+    pub(crate) fn open(path: &Path) -> io::Result<Self> {
         std::fs::create_dir_all(path)?;
         Ok(Self {
             root: Dir::open(path)?,
@@ -41,13 +41,13 @@ impl Dest {
         })
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// Opens (and with `create`, makes) the directory holding `rel`. `Ok(None)` when it does not
     /// exist and `create` is false.
-    pub fn open_parent(&self, rel: &RelPath, create: bool) -> io::Result<Option<Dir>> {
+    pub(crate) fn open_parent(&self, rel: &RelPath, create: bool) -> io::Result<Option<Dir>> {
         let mut dir = self.root.try_clone()?;
         for segment in rel.parents() {
             let next = match dir.open_dir(segment) {
@@ -64,7 +64,7 @@ impl Dest {
     }
 
     /// Size, mtime and inode of the regular file at `rel`'s final name, if there is one.
-    pub fn stat_final(&self, rel: &RelPath) -> io::Result<Option<FileStat>> {
+    pub(crate) fn stat_final(&self, rel: &RelPath) -> io::Result<Option<FileStat>> {
         let Some(dir) = self.open_parent(rel, false)? else {
             return Ok(None);
         };
@@ -72,7 +72,7 @@ impl Dest {
     }
 
     /// Opens the file at `rel`'s final name for reading, never through a symlink.
-    pub fn open_final(&self, rel: &RelPath) -> io::Result<Option<File>> {
+    pub(crate) fn open_final(&self, rel: &RelPath) -> io::Result<Option<File>> {
         let Some(dir) = self.open_parent(rel, false)? else {
             return Ok(None);
         };
@@ -84,7 +84,7 @@ impl Dest {
     }
 
     /// Reopens an earlier run's `.NAME.partial` to resume it, if it exists with `size` bytes.
-    pub fn reopen_partial(
+    pub(crate) fn reopen_partial(
         &self,
         rel: &RelPath,
         direct_io: bool,
@@ -105,7 +105,7 @@ impl Dest {
     }
 
     /// Opens (creating it if needed) DEST's `.hydrator` state directory, never through a symlink.
-    pub fn state_dir(&self) -> io::Result<Dir> {
+    pub(crate) fn state_dir(&self) -> io::Result<Dir> {
         self.root.create_dir(STATE_DIR)?;
         self.root
             .open_dir(STATE_DIR)
@@ -113,13 +113,13 @@ impl Dest {
     }
 
     /// The DEST directory itself.
-    pub fn root(&self) -> &Dir {
+    pub(crate) fn root(&self) -> &Dir {
         &self.root
     }
 
     /// Creates `.NAME.partial` next to `rel`'s final name, replacing whatever was there
     /// (an earlier run's leftover, or a planted symlink) without following it.
-    pub fn create_partial(&self, rel: &RelPath, direct_io: bool) -> io::Result<(Dir, File)> {
+    pub(crate) fn create_partial(&self, rel: &RelPath, direct_io: bool) -> io::Result<(Dir, File)> {
         let dir = self
             .open_parent(rel, true)?
             .expect("open_parent with create returns a directory");
@@ -148,7 +148,7 @@ impl Dest {
     }
 
     /// A handle of its own for `syncfs` on DEST's filesystem.
-    pub fn syncer(&self) -> io::Result<Syncer> {
+    pub(crate) fn syncer(&self) -> io::Result<Syncer> {
         self.root.open_dir(".").map(Syncer)
     }
 }
@@ -156,18 +156,18 @@ impl Dest {
 /// `syncfs` through a descriptor of its own: the kernel reports a write-back error once to each
 /// open file description, so each party that must not miss one (the checkpointer, the
 /// committer) keeps its own handle.
-pub struct Syncer(Dir);
+pub(crate) struct Syncer(Dir);
 
 impl Syncer {
     /// Flushes every dirty page and inode of DEST's filesystem.
-    pub fn sync(&self) -> io::Result<()> {
+    pub(crate) fn sync(&self) -> io::Result<()> {
         self.0.sync_fs()
     }
 }
 
 /// Reserves `len` bytes for a file: fails fast on a full disk and avoids fragmentation.
 /// Filesystems without fallocate (some network and overlay setups) just skip it.
-pub fn preallocate(file: &File, len: u64) -> io::Result<()> {
+pub(crate) fn preallocate(file: &File, len: u64) -> io::Result<()> {
     if len == 0 {
         return Ok(());
     }
@@ -186,7 +186,7 @@ pub fn preallocate(file: &File, len: u64) -> io::Result<()> {
 }
 
 /// A failed write, with the room left when the filesystem is full.
-pub fn write_error(err: io::Error, file: &File) -> WriteError {
+pub(crate) fn write_error(err: io::Error, file: &File) -> WriteError {
     match err.raw_os_error() {
         Some(libc::ENOSPC) => WriteError::Full {
             free: fs::free_bytes(file).ok(),
@@ -197,7 +197,7 @@ pub fn write_error(err: io::Error, file: &File) -> WriteError {
 }
 
 /// Renames `.NAME.partial` to NAME inside `dir`. A directory at NAME is a key conflict.
-pub fn publish(dir: &Dir, partial: &str, name: &str) -> io::Result<()> {
+pub(crate) fn publish(dir: &Dir, partial: &str, name: &str) -> io::Result<()> {
     dir.rename(partial, name)
         .map_err(|err| match err.raw_os_error() {
             Some(libc::EISDIR | libc::ENOTEMPTY | libc::EEXIST) => io::Error::new(

@@ -15,7 +15,11 @@ use crate::plan::filter::KeyFilter;
 
 /// Removes unlisted files; returns how many. Manifest entries of objects in the run's scope
 /// that it did not list are forgotten.
-pub fn remove_unlisted(dest: &Dest, manifest: &Manifest, filter: &KeyFilter) -> io::Result<u64> {
+pub(crate) fn remove_unlisted(
+    dest: &Dest,
+    manifest: &Manifest,
+    filter: &KeyFilter,
+) -> io::Result<u64> {
     let (keep, stale): (HashSet<String>, Vec<String>) = {
         let state = manifest.state();
         let keep = state

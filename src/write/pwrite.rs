@@ -11,12 +11,12 @@ use super::{WriteJob, Writer};
 /// Threads blocked in `pwrite` at once; enough to keep an NVMe queue busy with buffered writes.
 const THREADS: usize = 4;
 
-pub struct PwriteWriter {
+pub(crate) struct PwriteWriter {
     tx: mpsc::UnboundedSender<WriteJob>,
 }
 
 impl PwriteWriter {
-    pub fn start() -> Self {
+    pub(crate) fn start() -> Self {
         let (tx, rx) = mpsc::unbounded_channel::<WriteJob>();
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..THREADS {

@@ -10,13 +10,13 @@ use tokio::sync::mpsc;
 
 use super::{WriteJob, Writer};
 
-pub struct UringWriter {
+pub(crate) struct UringWriter {
     tx: mpsc::UnboundedSender<WriteJob>,
 }
 
 impl UringWriter {
     /// Starts the io_uring thread, or says why io_uring cannot be used here.
-    pub fn start() -> io::Result<Self> {
+    pub(crate) fn start() -> io::Result<Self> {
         let (tx, mut rx) = mpsc::unbounded_channel::<WriteJob>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<io::Result<()>>();
         std::thread::Builder::new()

@@ -10,7 +10,7 @@ use crate::fs::Dir;
 use crate::plan::keys::STATE_DIR;
 
 /// An entry that is not a directory.
-pub struct Entry<'a> {
+pub(crate) struct Entry<'a> {
     /// The directory holding it.
     pub dir: &'a Dir,
     pub name: &'a str,
@@ -20,7 +20,7 @@ pub struct Entry<'a> {
 
 /// Calls `visit` for every non-directory entry under DEST (files, symlinks, others). With
 /// `remove_empty_dirs`, directories left empty afterwards are removed.
-pub fn walk(
+pub(crate) fn walk(
     dest: &Dest,
     remove_empty_dirs: bool,
     visit: &mut dyn FnMut(Entry<'_>) -> io::Result<()>,
