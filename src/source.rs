@@ -1,6 +1,7 @@
 //! The S3 side: `s3://` URLs, client construction (from its own settings, so this module needs
-//! nothing from the sync's configuration), the streamed listing, ranged GETs, and the one place
-//! where S3 and HTTP errors are mapped to what hydrator does about them.
+//! nothing from the sync's configuration), the `ObjectSource` trait the engine reads through and
+//! its S3 implementation, the streamed listing, the checks every ranged GET's answer passes, and
+//! the one place where S3 and HTTP errors are classified into what hydrator does about them.
 
 pub(crate) mod checksum;
 pub mod client;
