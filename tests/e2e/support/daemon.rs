@@ -17,6 +17,8 @@ pub struct DatasetSpec<'a> {
     pub prefix: &'a str,
     /// Extra TOML lines for its table.
     pub extra: &'a str,
+    /// How long a listing counts as current: 0 lists the source again at every warm.
+    pub refresh_seconds: u64,
 }
 
 pub fn dataset<'a>(name: &'a str, prefix: &'a str) -> DatasetSpec<'a> {
@@ -24,6 +26,7 @@ pub fn dataset<'a>(name: &'a str, prefix: &'a str) -> DatasetSpec<'a> {
         name,
         prefix,
         extra: "",
+        refresh_seconds: 0,
     }
 }
 
@@ -46,8 +49,14 @@ pub fn catalog(
         text += &format!(
             "\n[datasets.{}]\nsource = \"s3://{}/{}\"\nendpoint = {:?}\nregion = {:?}\n\
              access_key_id_env = \"TEST_S3_KEY\"\nsecret_access_key_env = \"TEST_S3_SECRET\"\n\
-             refresh_seconds = 0\n{}\n",
-            d.name, target.bucket, d.prefix, target.endpoint, target.region, d.extra
+             refresh_seconds = {}\n{}\n",
+            d.name,
+            target.bucket,
+            d.prefix,
+            target.endpoint,
+            target.region,
+            d.refresh_seconds,
+            d.extra
         );
     }
     text
