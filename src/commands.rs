@@ -19,27 +19,15 @@ pub async fn run(command: Command) -> Result<Exit, SyncError> {
             };
             engine::run_with(args.into_config()?, hooks)
                 .await
-                .map(print_outcome)
+                .map(Outcome::print)
         }
         #[cfg(feature = "demo")]
-        Command::Demo(args) => crate::demo::run(args).await.map(print_outcome),
+        Command::Demo(args) => crate::demo::run(args).await.map(Outcome::print),
         Command::Verify(args) => verify(args).await,
         Command::Snapshot(args) => snapshot(args).await,
         Command::Daemon(args) => crate::daemon::run(&args.config).await,
         Command::Warm(args) => crate::warm::run(args).await,
     }
-}
-
-/// Prints a sync's error, failures and closing line; returns its exit code.
-pub(crate) fn print_outcome(outcome: Outcome) -> Exit {
-    if let Some(error) = &outcome.summary.error {
-        eprintln!("hydrator: error: {error}");
-    }
-    for failure in outcome.summary.failures.iter().take(20) {
-        eprintln!("hydrator: failed: {}: {}", failure.key, failure.reason);
-    }
-    println!("{}", outcome.summary.one_line());
-    outcome.exit
 }
 
 async fn verify(args: VerifyArgs) -> Result<Exit, SyncError> {
@@ -104,7 +92,7 @@ async fn verify(args: VerifyArgs) -> Result<Exit, SyncError> {
             Some(std::sync::Arc::new(snapshot))
         }
     };
-    Ok(print_outcome(engine::run(config.build()?).await?))
+    Ok(engine::run(config.build()?).await?.print())
 }
 
 async fn snapshot(args: SnapshotArgs) -> Result<Exit, SyncError> {

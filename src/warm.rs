@@ -159,7 +159,7 @@ pub(crate) async fn run(args: WarmArgs) -> Result<Exit, SyncError> {
                 );
                 let dest = config.dest.clone();
                 let outcome = crate::engine::run(config).await?;
-                let exit = crate::commands::print_outcome(outcome);
+                let exit = outcome.print();
                 if exit == Exit::Success {
                     announce(&dest.display().to_string(), args.path_file.as_deref())?;
                 }

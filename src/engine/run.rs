@@ -92,6 +92,20 @@ pub(crate) struct Outcome {
     pub exit: Exit,
 }
 
+impl Outcome {
+    /// Prints the run's error, failures and closing line; returns its exit code.
+    pub(crate) fn print(self) -> Exit {
+        if let Some(error) = &self.summary.error {
+            eprintln!("hydrator: error: {error}");
+        }
+        for failure in self.summary.failures.iter().take(20) {
+            eprintln!("hydrator: failed: {}: {}", failure.key, failure.reason);
+        }
+        println!("{}", self.summary.one_line());
+        self.exit
+    }
+}
+
 /// Runs a sync. `Err` only for problems found before any work starts.
 pub(crate) async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
     run_with(cfg, Hooks::default()).await
