@@ -47,7 +47,7 @@ pub(crate) async fn mirror_object(
         blake3: Some(crate::manifest::hex(&hash)),
         status,
     };
-    if let Some(hash) = up_to_date(&ctx, &rel, &entry).local("checking", rel.to_string())? {
+    if let Some(hash) = up_to_date(&ctx, &rel, &entry).local("checking", &rel)? {
         return Ok(record(entry.size, hash, FileStatus::Skipped));
     }
     let mut object = Arc::new(PinnedObject {
@@ -67,7 +67,7 @@ pub(crate) async fn mirror_object(
                     .committer
                     .publish(rel.clone(), entry.key.clone(), object.etag.clone(), hash)
                     .await
-                    .local("publishing", rel.to_string())?;
+                    .local("publishing", &rel)?;
                 return Ok(record(
                     object.size,
                     *hash.as_bytes(),
@@ -163,7 +163,7 @@ async fn download(
             if let Some(known) = resumable {
                 let reopened = dest
                     .reopen_partial(&rel, direct, size)
-                    .local("reopening", rel.to_string())?;
+                    .local("reopening", &rel)?;
                 if let Some((dir, file)) = reopened {
                     return Ok((dir, file, known.attempt, known.parts));
                 }
@@ -174,12 +174,11 @@ async fn download(
                     true => manifest.sync(),
                     false => Ok(()),
                 });
-            recorded.local("recording in the manifest", rel.to_string())?;
-            let (dir, file) = dest
-                .create_partial(&rel, direct)
-                .local("creating", rel.to_string())?;
-            dest::preallocate(&file, size)
-                .local(format!("reserving {size} bytes for"), rel.to_string())?;
+            recorded.local("recording in the manifest", &rel)?;
+            let (dir, file) = dest.create_partial(&rel, direct).local("creating", &rel)?;
+            dest::preallocate(&file, size).map_err(|err| {
+                LocalError::new(format!("reserving {size} bytes for"), rel.as_str(), err)
+            })?;
             Ok((dir, file, state.attempt, BTreeMap::new()))
         })
         .await?
@@ -188,10 +187,11 @@ async fn download(
     match fetch_all_parts(ctx, &object, &file, attempt, &resumed).await {
         Ok(hash) => {
             let (size, direct) = (object.size, ctx.write.direct_io);
-            let path = rel.to_string();
+            let rel = rel.clone();
             blocking(move || {
-                finish_file(&file, size, direct, modified)
-                    .local(format!("finishing the {size}-byte file"), path)
+                finish_file(&file, size, direct, modified).map_err(|err| {
+                    LocalError::new(format!("finishing the {size}-byte file"), rel.as_str(), err)
+                })
             })
             .await?;
             Ok(hash)

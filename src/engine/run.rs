@@ -273,7 +273,7 @@ async fn mirror(
                 Stats::add(&stats.bytes_listed, entry.size);
                 tally.failed(entry.key, ObjectError::Refused(why));
             }
-            KeyPlan::File(rel) if !run.filter.accepts(&rel.to_string()) => {
+            KeyPlan::File(rel) if !run.filter.accepts(rel.as_str()) => {
                 Stats::add(&stats.objects_filtered, 1)
             }
             KeyPlan::File(rel) => {

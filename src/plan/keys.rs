@@ -10,6 +10,7 @@
 //!   through their files), one with data is refused, since no file can carry that name.
 
 use std::fmt;
+use std::path::Path;
 
 /// Name of hydrator's state directory inside DEST.
 pub(crate) const STATE_DIR: &str = ".hydrator";
@@ -18,31 +19,32 @@ const MAX_NAME_LEN: usize = 255;
 /// The file name itself must leave room for `.NAME.partial` within the 255-byte limit.
 const MAX_FILE_NAME_LEN: usize = MAX_NAME_LEN - 1 - PARTIAL_SUFFIX.len();
 
-/// A relative path under DEST whose segments are all plain names.
+/// A relative path under DEST (segments joined by `/`) whose segments are all plain names.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct RelPath {
-    segments: Vec<String>,
+    path: String,
 }
 
 impl RelPath {
     /// The directories leading to the file.
-    pub(crate) fn parents(&self) -> &[String] {
-        &self.segments[..self.segments.len() - 1]
+    pub(crate) fn parents(&self) -> impl Iterator<Item = &str> {
+        let dirs = self.path.rsplit_once('/').map(|(dirs, _)| dirs);
+        dirs.into_iter().flat_map(|dirs| dirs.split('/'))
     }
 
     pub(crate) fn file_name(&self) -> &str {
-        self.segments
-            .last()
-            .expect("a RelPath has at least one segment")
+        self.path
+            .rsplit_once('/')
+            .map_or(&self.path, |(_, name)| name)
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        &self.path
     }
 
     /// Whether `path` (segments joined by `/`) names this path.
     pub(crate) fn is(&self, path: &str) -> bool {
-        let mut rest = path.split('/');
-        self.segments
-            .iter()
-            .all(|s| rest.next() == Some(s.as_str()))
-            && rest.next().is_none()
+        self.path == path
     }
 
     /// Name of the in-flight sibling: `.NAME.partial`.
@@ -53,7 +55,13 @@ impl RelPath {
 
 impl fmt::Display for RelPath {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.segments.join("/"))
+        f.write_str(&self.path)
+    }
+}
+
+impl AsRef<Path> for RelPath {
+    fn as_ref(&self) -> &Path {
+        Path::new(&self.path)
     }
 }
 
@@ -87,15 +95,14 @@ pub(crate) fn plan_key(prefix: &str, key: &str, size: u64) -> KeyPlan {
     if relative.starts_with('/') {
         return KeyPlan::Refused("key is an absolute path".into());
     }
-    let segments: Vec<String> = relative.split('/').map(str::to_string).collect();
-    let last = segments.len() - 1;
-    for (i, segment) in segments.iter().enumerate() {
+    let last = relative.split('/').count() - 1;
+    for (i, segment) in relative.split('/').enumerate() {
         let limit = if i == last {
             MAX_FILE_NAME_LEN
         } else {
             MAX_NAME_LEN
         };
-        let why = match segment.as_str() {
+        let why = match segment {
             "" => Some("key has an empty path segment ('//')".to_string()),
             "." | ".." => Some(format!("key has a {segment:?} path segment")),
             s if s.len() > limit => Some(format!(
@@ -111,10 +118,12 @@ pub(crate) fn plan_key(prefix: &str, key: &str, size: u64) -> KeyPlan {
             return KeyPlan::Refused(why);
         }
     }
-    if segments[0] == STATE_DIR {
+    if relative.split('/').next() == Some(STATE_DIR) {
         return KeyPlan::Refused(format!("{STATE_DIR}/ is reserved for hydrator's state"));
     }
-    KeyPlan::File(RelPath { segments })
+    KeyPlan::File(RelPath {
+        path: relative.to_string(),
+    })
 }
 
 fn is_partial_name(name: &str) -> bool {
@@ -173,6 +182,21 @@ mod tests {
         assert!(!p.is("a/b c"));
         assert!(!p.is("a/b c/d/e"));
         assert!(!p.is("a/b c/x"));
+    }
+
+    #[test]
+    fn parents_and_file_name() {
+        let KeyPlan::File(nested) = plan_key("", "a/b c/d", 1) else {
+            panic!()
+        };
+        assert_eq!(nested.parents().collect::<Vec<_>>(), ["a", "b c"]);
+        assert_eq!(nested.file_name(), "d");
+        let KeyPlan::File(top) = plan_key("", "d", 1) else {
+            panic!()
+        };
+        assert_eq!(top.parents().count(), 0);
+        assert_eq!(top.file_name(), "d");
+        assert_eq!(top.partial_name(), ".d.partial");
     }
 
     #[test]
