@@ -12,7 +12,7 @@ use crate::units::human_bytes;
 pub(crate) enum HydrationError {
     #[error("the daemon is stopping")]
     Stopping,
-    /// Listing the source, or a sync refused before it started.
+    /// Listing the source, or a sync that was refused or cut short.
     #[error(transparent)]
     Sync(#[from] SyncError),
     /// Creating the snapshot directory or linking the previous snapshot's files.
@@ -22,9 +22,6 @@ pub(crate) enum HydrationError {
     Task(#[from] tokio::task::JoinError),
     #[error(transparent)]
     Space(#[from] SpaceError),
-    /// The sync ran and stopped short: the error its report gives.
-    #[error("{0}")]
-    Run(String),
     #[error("{failed} objects failed; first: {key}: {reason}")]
     ObjectsFailed {
         failed: u64,

@@ -207,8 +207,8 @@ async fn hydrate(
     let outcome = engine::run_with(cfg, hooks).await?;
     if outcome.exit != Exit::Success {
         let summary = outcome.summary;
-        return Err(match (summary.error, summary.failures.into_iter().next()) {
-            (Some(error), _) => HydrationError::Run(error),
+        return Err(match (outcome.error, summary.failures.into_iter().next()) {
+            (Some(error), _) => HydrationError::Sync(error),
             (None, Some(first)) => HydrationError::ObjectsFailed {
                 failed: summary.objects.failed,
                 key: first.key,

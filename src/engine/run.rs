@@ -90,6 +90,8 @@ pub(crate) struct Hooks {
 pub(crate) struct Outcome {
     pub summary: Summary,
     pub exit: Exit,
+    /// What cut the run short (the summary's `error`, with its cause).
+    pub error: Option<SyncError>,
 }
 
 impl Outcome {
@@ -383,7 +385,11 @@ async fn finish(cfg: &SyncConfig, run: Prepared, mirrored: Mirrored, started: In
         started,
     );
     match run.sink.finish(&summary) {
-        Ok(()) => Outcome { summary, exit },
+        Ok(()) => Outcome {
+            summary,
+            exit,
+            error: fatal,
+        },
         Err(err) => {
             tracing::error!("writing the report: {err}");
             let exit = if exit == Exit::Success {
@@ -391,7 +397,11 @@ async fn finish(cfg: &SyncConfig, run: Prepared, mirrored: Mirrored, started: In
             } else {
                 exit
             };
-            Outcome { summary, exit }
+            Outcome {
+                summary,
+                exit,
+                error: fatal,
+            }
         }
     }
 }
@@ -469,6 +479,7 @@ fn snapshot_already_there(cfg: &SyncConfig, state_dir: &Dir, started: Instant) -
     Some(Outcome {
         summary,
         exit: Exit::Success,
+        error: None,
     })
 }
 
