@@ -226,7 +226,17 @@ pub enum WarmError {
     #[error("{name} is still {state} after --timeout")]
     StillBusy { name: String, state: &'static str },
     #[error("lease refused: {0}")]
-    LeaseRefused(String),
+    LeaseRefused(LeaseRefusal),
+}
+
+/// Why the daemon granted no lease.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseRefusal {
+    /// The daemon's own explanation.
+    #[error("{0}")]
+    Refused(String),
+    #[error(transparent)]
+    Answer(#[from] serde_json::Error),
 }
 
 /// Why a sync as a whole could not finish.

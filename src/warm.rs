@@ -15,7 +15,7 @@ use hyper_util::rt::TokioIo;
 use crate::cli::WarmArgs;
 use crate::config::SyncConfig;
 use crate::daemon::protocol::{DatasetStatus, ErrorBody, Lease, LeaseRequest, State};
-use crate::error::{Exit, IoContext, SyncError, UsageError, WarmError};
+use crate::error::{Exit, IoContext, LeaseRefusal, SyncError, UsageError, WarmError};
 use crate::fs;
 use crate::source::url::S3Url;
 use crate::units::human_bytes;
@@ -264,7 +264,7 @@ async fn warm(client: &Client, args: &WarmArgs) -> Result<Result<Exit, SyncError
                     eprintln!("hydrator: warm: lease refused ({why}); asking again");
                     continue;
                 }
-                Err(why) => return Ok(Err(WarmError::LeaseRefused(why.to_string()).into())),
+                Err(why) => return Ok(Err(WarmError::LeaseRefused(why).into())),
             }
         }
         eprintln!(
@@ -313,16 +313,6 @@ async fn wait(
         }
         tokio::time::sleep(POLL_INTERVAL).await;
     }
-}
-
-/// Why the daemon granted no lease.
-#[derive(Debug, thiserror::Error)]
-enum LeaseRefusal {
-    /// The daemon's own explanation.
-    #[error("{0}")]
-    Refused(String),
-    #[error(transparent)]
-    Answer(#[from] serde_json::Error),
 }
 
 /// Leases the snapshot `status` names; `Ok(Err)` when the daemon refuses.
