@@ -11,7 +11,7 @@ use std::sync::Mutex;
 
 use crate::error::{IoContext, SyncError, UsageError};
 use crate::manifest::{lock, ready, Manifest};
-use crate::plan::keys::{plan_key, KeyPlan};
+use crate::plan::keys::{plan_key, KeyPlan, STATE_DIR};
 use crate::write::dest::Dest;
 use crate::write::walk::walk;
 
@@ -53,12 +53,12 @@ pub(crate) async fn verify(
         .map_err(|e| UsageError::new(format!("{}: {e}", dest_path.display())))?;
     let state_dir = dest
         .state_dir()
-        .local("opening", dest_path.join(".hydrator"))?;
+        .local("opening", dest_path.join(STATE_DIR))?;
     let _lock = lock::acquire(&state_dir, None).await?;
     let (source, manifest) = state_dir
         .try_clone()
         .and_then(Manifest::open_existing)
-        .local("reading the manifest in", dest_path.join(".hydrator"))?
+        .local("reading the manifest in", dest_path.join(STATE_DIR))?
         .ok_or_else(|| {
             UsageError::new(format!(
                 "{} has no hydrator manifest to verify against",

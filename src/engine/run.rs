@@ -3,7 +3,6 @@
 //! tasks and gather their results) and `finish` (flush, `--delete`, READY, compaction, the
 //! summary and the report).
 
-use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Instant;
@@ -25,7 +24,7 @@ use crate::manifest::lock::{self, DestLock};
 use crate::manifest::ready::{self, Ready};
 use crate::manifest::{journal, Manifest};
 use crate::plan::filter::KeyFilter;
-use crate::plan::keys::{plan_key, KeyPlan};
+use crate::plan::keys::{plan_key, KeyPlan, STATE_DIR};
 use crate::report::{
     ByteCounts, Failure, FileRecord, FileStatus, ObjectCounts, ReportSink, RunResult, Summary,
     REPORT_VERSION,
@@ -130,7 +129,6 @@ struct Prepared {
     ctx: Arc<Ctx>,
     filter: KeyFilter,
     state_dir: Dir,
-    state_path: PathBuf,
     _lock: DestLock,
     sink: ReportSink,
     progress: Progress,
@@ -163,7 +161,7 @@ async fn prepare(
             cfg.dest.display()
         ))
     })?;
-    let state_path = cfg.dest.join(".hydrator");
+    let state_path = cfg.dest.join(STATE_DIR);
     let lock = tokio::select! {
         lock = lock::acquire(&state_dir, cfg.lock_timeout) => lock?,
         () = stopped(stop) => return Err(SyncError::Stopped),
@@ -223,7 +221,6 @@ async fn prepare(
         ctx,
         filter,
         state_dir,
-        state_path,
         _lock: lock,
         sink,
         progress,
@@ -359,7 +356,8 @@ async fn finish(cfg: &SyncConfig, run: Prepared, mirrored: Mirrored, started: In
     }
     if fatal.is_none() && !any_failed {
         if let Err(err) = write_ready(cfg, &run.state_dir, manifest) {
-            fatal = Some(LocalError::new("writing READY in", &run.state_path, err).into());
+            let state_path = cfg.dest.join(STATE_DIR);
+            fatal = Some(LocalError::new("writing READY in", state_path, err).into());
         }
     }
     if let Err(err) = manifest.compact_if_grown() {
