@@ -151,7 +151,7 @@ async fn an_object_that_changes_mid_download_is_restarted_at_its_new_version() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn throttling_is_retried_with_backoff_and_then_given_up() {
+async fn throttling_is_retried_and_then_given_up() {
     let fixture = Fixture::new(false);
     let source = &fixture.source;
     source.put("hot.bin", content(MIB / 2, 5));
