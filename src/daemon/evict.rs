@@ -8,7 +8,7 @@
 //! same free bytes.
 
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::error::SpaceError;
@@ -47,20 +47,19 @@ pub(crate) async fn maintain(daemon: &Arc<Daemon>) {
 async fn make_room(daemon: &Arc<Daemon>, need: u64) -> Result<(), SpaceError> {
     let cache = daemon.catalog().cache.clone();
     let root = daemon.root.clone();
-    let (used, free) =
-        blocking(move || Ok((space::usage(&root)?.shared, space::free_bytes(&root)?)))
-            .await
-            .map_err(SpaceError::MeasureCache)?;
+    let flights = reservations(daemon);
+    let (used, free, reserved) = blocking(move || {
+        let used = space::usage(&root)?.shared;
+        let free = space::free_bytes(&root)?;
+        let mut reserved = 0;
+        for (dir, booked) in flights {
+            reserved += booked.saturating_sub(space::usage(&dir)?.exclusive);
+        }
+        Ok((used, free, reserved))
+    })
+    .await
+    .map_err(SpaceError::MeasureCache)?;
     daemon.metrics.cache_measured(used, free);
-    let reserved = {
-        let registry = daemon.registry();
-        registry
-            .datasets
-            .values()
-            .filter_map(|e| e.flight.as_ref())
-            .map(|f| f.outstanding())
-            .sum()
-    };
     let budget = space::Budget {
         quota: cache.quota,
         free_space_floor: cache.free_space_floor,
@@ -91,6 +90,25 @@ async fn make_room(daemon: &Arc<Daemon>, need: u64) -> Result<(), SpaceError> {
             })?;
     }
     Ok(())
+}
+
+/// Each running hydration's snapshot directory with the bytes booked to it. What a directory
+/// already holds on disk (preallocated files, resumed parts) is in the cache's use, so only the
+/// rest of its booking is still to come.
+fn reservations(daemon: &Daemon) -> Vec<(PathBuf, u64)> {
+    let registry = daemon.registry();
+    registry
+        .datasets
+        .iter()
+        .filter_map(|(name, entry)| {
+            let info = entry.flight.as_ref()?.info();
+            let digest = info.snapshot.as_ref()?;
+            Some((
+                registry::snapshot_dir(&daemon.root, name, digest),
+                info.reserved,
+            ))
+        })
+        .collect()
 }
 
 /// Ready snapshots nothing pins, with what evicting each would free.

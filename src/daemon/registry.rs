@@ -79,13 +79,6 @@ impl Flight {
         self.info().phase = phase;
     }
 
-    /// Reserved bytes not written yet.
-    pub(crate) fn outstanding(&self) -> u64 {
-        self.info()
-            .reserved
-            .saturating_sub(Stats::get(&self.stats.bytes_received))
-    }
-
     fn progress(&self) -> Progress {
         let info = self.info();
         Progress {

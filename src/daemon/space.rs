@@ -60,7 +60,7 @@ pub(crate) struct Budget {
     pub free_space_floor: u64,
     pub used: u64,
     pub free: u64,
-    /// Bytes promised to hydrations already running and not yet written.
+    /// Bytes promised to hydrations already running and not on disk yet.
     pub reserved: u64,
 }
 

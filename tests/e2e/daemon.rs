@@ -147,6 +147,15 @@ fn eviction_under_a_small_quota_spares_leased_snapshots() {
     let (code, body) = daemon.request("DELETE", "/v1/datasets/a/leases/pod-a", "");
     assert_eq!(code, 204, "{body}");
     std::thread::sleep(Duration::from_millis(1100));
+    // b's file is preallocated before its first byte arrives; the stall lets maintenance run
+    // meanwhile, and it must not count those bytes twice (on disk and still reserved).
+    server.faults.add(Rule {
+        ranged_only: false,
+        ..Rule::get(
+            "b/data.bin",
+            Fault::StallBody(0, Duration::from_millis(2500)),
+        )
+    });
     assert_ok(&daemon.warm("b", &[]), &daemon);
     assert!(!Path::new(&stdout(&a)).exists(), "released a went next");
     assert!(Path::new(&stdout(&c)).exists());
