@@ -10,6 +10,15 @@ wait4(2). Medians go to stdout and to benches/RESULTS.md.
 
     python3 benches/compare.py                 # everything, 3 rounds (W5: 1 round)
     python3 benches/compare.py --workloads W1,W3 --rounds 5 --tools hydrator,s5cmd
+
+With --origin the server is benches/origin.rs instead of Garage: a near-free S3 responder that
+serves generated objects from memory (nothing is uploaded), so what the client costs per byte
+and per object is no longer buried under the server's CPU. W6 (ImageNet's train set in object
+count) runs only there. With --memory-limit each tool runs inside a memory cgroup of that size,
+as an init container does; its peak charge (page cache included) and OOM kills are reported.
+
+    python3 benches/compare.py --origin --workloads W1,W3,W4 --tools hydrator,s5cmd
+    python3 benches/compare.py --memory-limit 256M --workloads W1,W3 --tools hydrator,s5cmd
 """
 
 import argparse
@@ -58,7 +67,13 @@ WORKLOADS = {
     "W3": Workload("W3", "small: 20,000 × 64 KiB", "w3", 20_000, 64 << 10),
     "W4": Workload("W4", "warm: W3 again, nothing changed", "w3", 20_000, 64 << 10, warm_of="W3"),
     "W5": Workload("W5", "listing scale: 200,000 × 16 B", "w5", 200_000, 16),
+    "W6": Workload("W6", "ImageNet scale: 1,281,167 × 4 KiB (origin only)", "w6", 1_281_167,
+                   4096),
 }
+ORIGIN_ONLY = {"W6"}
+# What a 100 Gbit/s NIC delivers, and an object rate a busy node asks for.
+LINE_RATE = 100e9 / 8
+OBJECT_RATE = 10_000
 CEILING_STREAMS = 16
 TIME = "/usr/bin/time"
 
@@ -71,6 +86,7 @@ class Run:
     ok: bool
     note: str = ""
     server_cpu: float = 0.0
+    cgroup_peak_mib: float | None = None
 
 
 @dataclass
@@ -230,6 +246,34 @@ class Garage:
             self.process.kill()
 
 
+class Origin:
+    """benches/origin.rs serving every workload's objects from memory (see its header)."""
+
+    def __init__(self, workloads):
+        built = subprocess.run(
+            ["cargo", "build", "--release", "--locked", "--bench", "origin",
+             "--message-format", "json-render-diagnostics"],
+            cwd=REPO, check=True, capture_output=True, text=True).stdout
+        binary = None
+        for line in built.splitlines():
+            message = json.loads(line)
+            if message.get("target", {}).get("name") == "origin" and message.get("executable"):
+                binary = message["executable"]
+        if not binary:
+            sys.exit("cargo built no origin executable")
+        sets = []
+        for workload in workloads:
+            sets += ["--set", f"{workload.prefix}={workload.count}x{workload.size}"]
+        self.process = subprocess.Popen([binary] + sets, stdout=subprocess.PIPE, text=True)
+        self.endpoint = self.process.stdout.readline().strip()
+        if not self.endpoint.startswith("http://"):
+            sys.exit(f"the origin did not start: {self.endpoint!r}")
+
+    def stop(self):
+        self.process.kill()
+        self.process.wait()
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -299,6 +343,8 @@ def command(tool, tools, workload, dest, warm, snapshot):
         if snapshot:
             return base + ["--snapshot", str(snapshot), str(dest), "--progress", "none"]
         return base + [source, str(dest), "--progress", "none"]
+    if tool == "hydrator-direct":
+        return command("hydrator", tools, workload, dest, warm, snapshot) + ["--direct-io"]
     if tool == "s5cmd":
         verb = "sync" if warm else "cp"
         return [tools["s5cmd"], "--log", "error", verb, f"{source}*", f"{dest}/"]
@@ -322,7 +368,7 @@ def process_cpu(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure(cmd, env, log_path, server_pid):
+def measure(cmd, env, log_path, server_pid, limit=None):
     """Runs cmd under GNU time: wall time, user + sys CPU of the process tree and peak RSS,
     and the CPU the server spent meanwhile.
 
@@ -330,6 +376,8 @@ def measure(cmd, env, log_path, server_pid):
     process directly would count the interpreter's memory as the tool's peak RSS.
     """
     server_before = process_cpu(server_pid)
+    if limit:
+        cmd = limit.wrap(cmd)
     usage_path = log_path.with_suffix(".usage")
     with open(log_path, "ab") as out:
         out.write(("\n$ " + " ".join(cmd) + "\n").encode())
@@ -340,8 +388,11 @@ def measure(cmd, env, log_path, server_pid):
         wall = time.monotonic() - start
     server_cpu = process_cpu(server_pid) - server_before
     user, system, rss_kib = usage_path.read_text().split()[-3:]
-    return Run(wall, float(user) + float(system), int(rss_kib), done.returncode == 0,
-               f"exit {done.returncode}", server_cpu)
+    run = Run(wall, float(user) + float(system), int(rss_kib), done.returncode == 0,
+              f"exit {done.returncode}", server_cpu)
+    if limit:
+        limit.finish(run)
+    return run
 
 
 def tree_size(dest):
@@ -394,7 +445,7 @@ class FreshDests:
         self.mounted = None  # (mount point, loop device, image)
         self.loop = os.geteuid() == 0 and shutil.which("losetup") and shutil.which("mkfs.ext4")
 
-    def fresh(self, tool, size):
+    def fresh(self, tool, workload):
         self.release()
         dest = self.root / tool
         shutil.rmtree(dest, ignore_errors=True)
@@ -403,9 +454,11 @@ class FreshDests:
             image = self.root / f"{tool}.img"
             image.unlink(missing_ok=True)
             with open(image, "wb") as f:
-                f.truncate(max(4 * GiB, 2 * size + GiB))
-            sh(["mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0",
-                str(image)])
+                f.truncate(max(4 * GiB, 2 * workload.total + GiB, workload.count * 8192))
+            # mkfs's default of one inode per 16 KiB is too few for W6's small files.
+            inodes = ["-N", str(workload.count * 11 // 10)] if workload.count > 200_000 else []
+            sh(["mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0"]
+               + inodes + [str(image)])
             device = subprocess.run(["losetup", "--direct-io=on", "-f", "--show", str(image)],
                                     check=True, capture_output=True, text=True).stdout.strip()
             sh(["mount", device, str(dest)])
@@ -459,12 +512,68 @@ class PageReporting:
                 pass
 
 
+class MemoryLimit:
+    """Runs each tool in a fresh cgroup-v1 memory group, as an init container's memory limit
+    does: the page cache its writes create is charged to it and reclaimed within the limit."""
+
+    ROOT = Path("/sys/fs/cgroup/memory")
+
+    def __init__(self, limit):
+        self.limit = limit
+        self.group = self.ROOT / f"hydrator-bench-{os.getpid()}"
+
+    @staticmethod
+    def parse(text):
+        units = {"K": 1 << 10, "M": MiB, "G": GiB}
+        text = text.strip().upper().removesuffix("I").removesuffix("B")
+        if text and text[-1] in units:
+            return int(float(text[:-1]) * units[text[-1]])
+        return int(text)
+
+    def wrap(self, cmd):
+        if self.group.exists():
+            self.group.rmdir()
+        self.group.mkdir()
+        (self.group / "memory.limit_in_bytes").write_text(str(self.limit))
+        procs = self.group / "cgroup.procs"
+        return ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "in-cgroup"] + cmd
+
+    def finish(self, run):
+        """Adds the group's peak charge and OOM kills to `run`, then removes the group."""
+        peak = int((self.group / "memory.max_usage_in_bytes").read_text())
+        run.cgroup_peak_mib = peak / MiB
+        control = (self.group / "memory.oom_control").read_text().split()
+        kills = int(control[control.index("oom_kill") + 1]) if "oom_kill" in control else 0
+        if kills:
+            run.ok = False
+            run.note = f"OOM-killed ({kills}) in a {self.limit // MiB} MiB limit"
+        self.group.rmdir()
+
+    def describe(self):
+        return (f"each tool ran in its own memory cgroup limited to {self.limit // MiB} MiB "
+                "(page cache included, as in a pod); 'cgroup peak' is its largest charge")
+
+
+def touch_page_cache(work, size):
+    """Writes and deletes a file as large as the biggest workload (up to 4 GiB), once, after
+    page reporting is off: the first tool run after the server starts otherwise pays for
+    faulting that memory back from the host (16–21 s instead of ~4 s for W1's 2 GiB)."""
+    path = work / "touch-page-cache"
+    chunk = bytes(64 * MiB)
+    with open(path, "wb") as f:
+        for _ in range(min(size, 4 * GiB) // len(chunk) + 1):
+            f.write(chunk)
+    path.unlink()
+    sh(["sync"])
+
+
 # ---------------------------------------------------------------- the matrix
 
 
 def run_matrix(args, tools, garage, work):
     env = s3_env(garage.endpoint)
     env_hydrator = dict(env, HYDRATOR_PATH_STYLE="true")
+    hydrators = ("hydrator", "hydrator-direct")
     results = {}  # (workload, tool) -> Cell
     log_path = work / "runs.log"
     snapshot = work / "w3.snapshot"
@@ -473,7 +582,7 @@ def run_matrix(args, tools, garage, work):
             workload = WORKLOADS[wname]
             if workload.warm_of:
                 continue  # measured right after its cold run, on the same DEST
-            rounds = args.w5_rounds if wname == "W5" else args.rounds
+            rounds = args.w5_rounds if wname in ("W5", "W6") else args.rounds
             if round_no >= rounds:
                 continue
             order = args.tools[round_no % len(args.tools):] + args.tools[:round_no % len(args.tools)]
@@ -485,10 +594,10 @@ def run_matrix(args, tools, garage, work):
                 if tool == "ceiling":
                     cmd = ceiling_command(workload, garage.endpoint)
                 else:
-                    dest = args.dests.fresh(tool, workload.total)
+                    dest = args.dests.fresh(tool, workload)
                     cmd = command(tool, tools, workload, dest, False, None)
-                run = measure(cmd, env_hydrator if tool == "hydrator" else env, log_path,
-                              garage.process.pid)
+                run = measure(cmd, env_hydrator if tool in hydrators else env, log_path,
+                              garage.process.pid, args.limit)
                 if run.ok and tool != "ceiling":
                     count, total = tree_size(dest)
                     if (count, total) != (workload.count, workload.total):
@@ -498,14 +607,15 @@ def run_matrix(args, tools, garage, work):
                 log(f"round {round_no + 1} {wname} {tool}: {run.wall:.2f} s, cpu {run.cpu:.2f} s, "
                     f"rss {run.rss_kib / 1024:.0f} MiB{'' if run.ok else ' FAILED ' + run.note}")
                 sh(["sync"])
-                warm = tool not in ("ceiling", "s5cmd+sync")
+                warm = tool not in ("ceiling", "s5cmd+sync", "hydrator-direct")
                 if wname == "W3" and "W4" in args.workloads and warm and run.ok:
                     warm_runs(tool, tools, dest, garage, env, env_hydrator, log_path, snapshot,
-                              results, round_no)
+                              results, round_no, args.limit)
     return results
 
 
-def warm_runs(tool, tools, dest, garage, env, env_hydrator, log_path, snapshot, results, round_no):
+def warm_runs(tool, tools, dest, garage, env, env_hydrator, log_path, snapshot, results, round_no,
+              limit):
     workload = WORKLOADS["W4"]
     tool_env = env_hydrator if tool == "hydrator" else env
     variants = [(tool, None)]
@@ -520,7 +630,7 @@ def warm_runs(tool, tools, dest, garage, env, env_hydrator, log_path, snapshot, 
             sh(command(tool, tools, workload, dest, True, snap) + ["-q"],
                env=tool_env)
         cmd = command(tool, tools, workload, dest, True, snap)
-        run = measure(cmd, tool_env, log_path, garage.process.pid)
+        run = measure(cmd, tool_env, log_path, garage.process.pid, limit)
         results.setdefault(("W4", name), Cell()).runs.append(run)
         log(f"round {round_no + 1} W4 {name}: {run.wall:.3f} s, cpu {run.cpu:.2f} s, "
             f"rss {run.rss_kib / 1024:.0f} MiB{'' if run.ok else ' FAILED ' + run.note}")
@@ -544,8 +654,10 @@ def table(results, args):
     rows = []
     header = ("| workload | tool | median wall s | CPU s (user+sys) | CPU s/GiB | server CPU s "
               "| peak RSS MiB | throughput | vs s5cmd | vs ceiling | ok/runs |")
+    if args.limit:
+        header += " cgroup peak MiB |"
     rows.append(header)
-    rows.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    rows.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if args.limit else ""))
     for wname in args.workloads:
         workload = WORKLOADS[wname]
         tools = [t for (w, t) in results if w == wname]
@@ -559,7 +671,7 @@ def table(results, args):
                 rows.append(f"| {wname} | {tool} | failed | | | | | | | | {ok} |")
                 continue
             gib = workload.total / GiB
-            if wname in ("W3", "W5"):
+            if wname in ("W3", "W5", "W6"):
                 speed = f"{workload.count / wall:,.0f} obj/s"
             elif wname == "W4":
                 speed = f"{workload.count / wall:,.0f} obj/s checked"
@@ -572,22 +684,54 @@ def table(results, args):
             if ceiling and ceiling.median("wall") and tool != "ceiling":
                 vs_ceiling = f"{ceiling.median('wall') / wall:.0%}"
             server = cell.median("server_cpu")
-            rows.append(f"| {wname} | {tool} | {wall:.3f} | {cpu:.2f} | {cpu_gib} | {server:.2f} "
-                        f"| {rss} | {speed} | {vs_s5} | {vs_ceiling} | {ok} |")
+            row = (f"| {wname} | {tool} | {wall:.3f} | {cpu:.2f} | {cpu_gib} | {server:.2f} "
+                   f"| {rss} | {speed} | {vs_s5} | {vs_ceiling} | {ok} |")
+            if args.limit:
+                peaks = [r.cgroup_peak_mib for r in cell.good() if r.cgroup_peak_mib is not None]
+                row += f" {max(peaks):.0f} |" if peaks else " |"
+            rows.append(row)
+    return "\n".join(rows)
+
+
+def cost_table(results, args):
+    """The client's CPU per byte and per object, and the cores it would take to keep a 100 Gbit/s
+    NIC busy or to fetch 10,000 objects a second at that cost."""
+    rows = [
+        "| workload | tool | client CPU s | GiB per CPU-s | CPU ms per object "
+        "| cores for 100 Gbit/s | cores for 10k obj/s | CPU vs s5cmd |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for wname in args.workloads:
+        workload = WORKLOADS[wname]
+        if workload.warm_of:
+            continue
+        s5 = results.get((wname, "s5cmd"))
+        for tool in [t for (w, t) in results if w == wname]:
+            cpu = results[(wname, tool)].median("cpu")
+            if not cpu:
+                continue
+            vs = f"{cpu / s5.median('cpu'):.2f}×" if s5 and s5.median("cpu") else ""
+            if workload.count < 100:  # a byte workload: cost per GiB
+                per_gib = f"{workload.total / GiB / cpu:.2f}"
+                line_cores = f"{LINE_RATE / (workload.total / cpu):.1f}"
+                per_object = object_cores = ""
+            else:  # an object workload: cost per object
+                per_gib = line_cores = ""
+                per_object = f"{cpu / workload.count * 1000:.3f}"
+                object_cores = f"{OBJECT_RATE * cpu / workload.count:.1f}"
+            rows.append(f"| {wname} | {tool} | {cpu:.2f} | {per_gib} | {per_object} "
+                        f"| {line_cores} | {object_cores} | {vs} |")
     return "\n".join(rows)
 
 
 def write_results(results, args, versions, out):
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     text = [
-        "# End-to-end benchmark results",
+        "# End-to-end benchmark results" + (" against the near-free origin" if args.origin else ""),
         "",
-        f"Measured {now} by `python3 benches/compare.py "
-        f"--rounds {args.rounds} --workloads {','.join(args.workloads)}"
-        f" --tools {','.join(args.tools)}`.",
+        f"Measured {now} by `python3 benches/compare.py {' '.join(sys.argv[1:])}`.",
         "",
-        f"- Machine: {machine()}. Garage runs on loopback on the same machine: server and client "
-        "share the CPU, so client CPU seconds are taken from the server.",
+        f"- Machine: {machine()}. " + server_description(args),
         "- Tools: " + "; ".join(f"{k}: `{v}`" for k, v in versions.items()) + ".",
         "- Every tool at its default settings. DEST: " + args.dests.describe() + "; `sync` "
         "before and after each run. Medians of the rounds; peak RSS is the largest seen.",
@@ -595,17 +739,37 @@ def write_results(results, args, versions, out):
         "- hydrator hashes every byte (BLAKE3) and makes the data durable (`syncfs`) before it "
         "exits; the peers do neither. `s5cmd+sync` is s5cmd followed by `sync -f DEST`: the "
         "same copy made durable.",
-        "- Server CPU s: what Garage spent during the run. With both on 2 cores, a run cannot "
-        "take less than (client CPU + server CPU) / 2 seconds.",
+        "- Server CPU s: what the server spent during the run. With both on 2 cores, a run "
+        "cannot take less than (client CPU + server CPU) / 2 seconds.",
         "- The ceiling is "
         f"{CEILING_STREAMS} parallel curl GETs (ranged for W1) into /dev/null.",
         "- W4 is W3's DEST synced again with nothing changed: hydrator with its manifest, "
         "`hydrator --snapshot` with a snapshot file, peers with their `sync` commands.",
+    ]
+    if args.limit:
+        text.append(f"- Memory limit: {args.limit.describe()}.")
+    text += [
         "",
         table(results, args),
         "",
+        "## Client cost",
+        "",
+        f"Client CPU (user + sys of the tool's process tree) per byte and per object; cores are "
+        f"projected for {LINE_RATE * 8 / 1e9:.0f} Gbit/s ({LINE_RATE / 1e9:.1f} GB/s) and for "
+        f"{OBJECT_RATE:,} objects/s at the measured cost.",
+        "",
+        cost_table(results, args),
+        "",
     ]
     out.write_text("\n".join(text))
+
+
+def server_description(args):
+    if args.origin:
+        return ("The server is `benches/origin.rs` on loopback: generated objects from memory, "
+                "no signature checks, so nearly all CPU in a run is the client's.")
+    return ("Garage runs on loopback on the same machine: server and client share the CPU, so "
+            "client CPU seconds are taken from the server.")
 
 
 def main():
@@ -619,8 +783,19 @@ def main():
                         help="also run aws-cli on W5 (slow: tens of minutes)")
     parser.add_argument("--work", type=Path, default=REPO / "target/bench-e2e",
                         help="Garage data, uploads and DESTs (kept between runs)")
-    parser.add_argument("--results", type=Path, default=REPO / "benches/RESULTS.md")
+    parser.add_argument("--origin", action="store_true",
+                        help="serve generated objects from benches/origin.rs instead of Garage")
+    parser.add_argument("--memory-limit", metavar="SIZE",
+                        help="run each tool in a memory cgroup of this size (e.g. 256M)")
+    parser.add_argument("--results", type=Path,
+                        help="default: benches/RESULTS.md, RESULTS-origin.md with --origin, "
+                             "RESULTS-memory-limit.md with --memory-limit")
     args = parser.parse_args()
+    args.limit = MemoryLimit(MemoryLimit.parse(args.memory_limit)) if args.memory_limit else None
+    if args.results is None:
+        name = "RESULTS-origin.md" if args.origin else (
+            "RESULTS-memory-limit.md" if args.limit else "RESULTS.md")
+        args.results = REPO / "benches" / name
     args.workloads = [w.strip().upper() for w in args.workloads.split(",") if w.strip()]
     args.tools = [t.strip() for t in args.tools.split(",") if t.strip()]
     unknown = [w for w in args.workloads if w not in WORKLOADS]
@@ -628,18 +803,24 @@ def main():
         sys.exit(f"unknown workloads {unknown}; known: {', '.join(WORKLOADS)}")
     if "W4" in args.workloads and "W3" not in args.workloads:
         sys.exit("W4 re-syncs W3's DEST: list W3 too")
+    if not args.origin and ORIGIN_ONLY & set(args.workloads):
+        sys.exit(f"{', '.join(sorted(ORIGIN_ONLY & set(args.workloads)))} runs with --origin only")
 
     args.work.mkdir(parents=True, exist_ok=True)
     tools = ensure_tools(set(args.tools) | {"s5cmd"})
     versions = version_of(tools)
-    garage = Garage(tools["garage"], args.work)
+    if args.origin:
+        garage = Origin([WORKLOADS[w] for w in args.workloads if not WORKLOADS[w].warm_of])
+    else:
+        garage = Garage(tools["garage"], args.work)
     try:
         env = s3_env(garage.endpoint)
         for wname in args.workloads:
-            if not WORKLOADS[wname].warm_of:
+            if not WORKLOADS[wname].warm_of and not args.origin:
                 upload(WORKLOADS[wname], tools, env, args.work)
         args.dests = FreshDests(args.work)
         args.reporting = PageReporting()
+        touch_page_cache(args.work, max(WORKLOADS[w].total for w in args.workloads))
         try:
             results = run_matrix(args, tools, garage, args.work)
         finally:
@@ -648,6 +829,7 @@ def main():
     finally:
         garage.stop()
     print(table(results, args))
+    print(cost_table(results, args))
     write_results(results, args, versions, args.results)
     log(f"written to {args.results}")
 
