@@ -94,7 +94,7 @@ impl Set {
 }
 
 struct Origin {
-    /// Sorted by name, so walking them in order lists keys in order.
+    /// Sorted by `NAME/`, so walking them in order lists keys in order.
     sets: Vec<Set>,
 }
 
@@ -369,7 +369,7 @@ fn main() {
         self_check();
         return;
     }
-    sets.sort_by(|a, b| a.name.cmp(&b.name));
+    sets.sort_by_key(|set| format!("{}/", set.name)); // the order of their keys
     let origin = Arc::new(Origin { sets });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
