@@ -69,6 +69,13 @@ pub trait IoContext<T> {
         action: impl Into<Cow<'static, str>>,
         path: impl AsRef<Path>,
     ) -> Result<T, LocalError>;
+
+    /// As [`IoContext::local`], with an action built only on failure (per-object paths).
+    fn local_with(
+        self,
+        action: impl FnOnce() -> String,
+        path: impl AsRef<Path>,
+    ) -> Result<T, LocalError>;
 }
 
 impl<T> IoContext<T> for std::io::Result<T> {
@@ -78,6 +85,14 @@ impl<T> IoContext<T> for std::io::Result<T> {
         path: impl AsRef<Path>,
     ) -> Result<T, LocalError> {
         self.map_err(|source| LocalError::new(action, path.as_ref(), source))
+    }
+
+    fn local_with(
+        self,
+        action: impl FnOnce() -> String,
+        path: impl AsRef<Path>,
+    ) -> Result<T, LocalError> {
+        self.map_err(|source| LocalError::new(action(), path.as_ref(), source))
     }
 }
 

@@ -176,9 +176,8 @@ async fn download(
                 });
             recorded.local("recording in the manifest", &rel)?;
             let (dir, file) = dest.create_partial(&rel, direct).local("creating", &rel)?;
-            dest::preallocate(&file, size).map_err(|err| {
-                LocalError::new(format!("reserving {size} bytes for"), rel.as_str(), err)
-            })?;
+            dest::preallocate(&file, size)
+                .local_with(|| format!("reserving {size} bytes for"), &rel)?;
             Ok((dir, file, state.attempt, BTreeMap::new()))
         })
         .await?
@@ -189,9 +188,8 @@ async fn download(
             let (size, direct) = (object.size, ctx.write.direct_io);
             let rel = rel.clone();
             blocking(move || {
-                finish_file(&file, size, direct, modified).map_err(|err| {
-                    LocalError::new(format!("finishing the {size}-byte file"), rel.as_str(), err)
-                })
+                finish_file(&file, size, direct, modified)
+                    .local_with(|| format!("finishing the {size}-byte file"), &rel)
             })
             .await?;
             Ok(hash)

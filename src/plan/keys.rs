@@ -95,12 +95,11 @@ pub(crate) fn plan_key(prefix: &str, key: &str, size: u64) -> KeyPlan {
     if relative.starts_with('/') {
         return KeyPlan::Refused("key is an absolute path".into());
     }
-    let last = relative.split('/').count() - 1;
-    for (i, segment) in relative.split('/').enumerate() {
-        let limit = if i == last {
-            MAX_FILE_NAME_LEN
-        } else {
-            MAX_NAME_LEN
+    let mut segments = relative.split('/').peekable();
+    while let Some(segment) = segments.next() {
+        let limit = match segments.peek() {
+            None => MAX_FILE_NAME_LEN,
+            Some(_) => MAX_NAME_LEN,
         };
         let why = match segment {
             "" => Some("key has an empty path segment ('//')".to_string()),
