@@ -49,13 +49,14 @@ async fn make_room(daemon: &Arc<Daemon>, need: u64) -> Result<(), SpaceError> {
     let root = daemon.root.clone();
     let flights = reservations(daemon);
     let (used, free, reserved) = blocking(move || {
-        let used = space::usage(&root)?.shared;
-        let free = space::free_bytes(&root)?;
-        let mut reserved = 0;
-        for (dir, booked) in flights {
-            reserved += booked.saturating_sub(space::usage(&dir)?.exclusive);
-        }
-        Ok((used, free, reserved))
+        let (dirs, booked): (Vec<PathBuf>, Vec<u64>) = flights.into_iter().unzip();
+        let (cache, in_flight) = space::usage_within(&root, &dirs)?;
+        let reserved = booked
+            .iter()
+            .zip(in_flight)
+            .map(|(booked, on_disk)| booked.saturating_sub(on_disk.exclusive))
+            .sum();
+        Ok((cache.shared, space::free_bytes(&root)?, reserved))
     })
     .await
     .map_err(SpaceError::MeasureCache)?;

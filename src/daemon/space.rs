@@ -7,7 +7,7 @@
 
 use std::io;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Bytes on disk under a directory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -20,9 +20,16 @@ pub(crate) struct Usage {
 
 /// Walks `dir` (never following symlinks) and adds up its files' allocated bytes.
 pub(crate) fn usage(dir: &Path) -> io::Result<Usage> {
+    Ok(usage_within(dir, &[])?.0)
+}
+
+/// [`usage`] of `dir`, and in the same walk the usage of each of `parts` (directories inside
+/// `dir`), so measuring the cache and its hydrations in flight reads each file once.
+pub(crate) fn usage_within(dir: &Path, parts: &[PathBuf]) -> io::Result<(Usage, Vec<Usage>)> {
     let mut total = Usage::default();
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(dir) = pending.pop() {
+    let mut of_parts = vec![Usage::default(); parts.len()];
+    let mut pending = vec![(dir.to_path_buf(), None)];
+    while let Some((dir, part)) = pending.pop() {
         let entries = match std::fs::read_dir(&dir) {
             Ok(entries) => entries,
             Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
@@ -36,16 +43,27 @@ pub(crate) fn usage(dir: &Path) -> io::Result<Usage> {
                 Err(err) => return Err(err),
             };
             let bytes = meta.blocks() * 512;
-            if meta.is_dir() {
-                pending.push(entry.path());
+            let counted = Usage {
+                shared: bytes / meta.nlink().max(1),
+                exclusive: if meta.nlink() <= 1 || meta.is_dir() {
+                    bytes
+                } else {
+                    0
+                },
+            };
+            for usage in std::iter::once(&mut total).chain(part.map(|i| &mut of_parts[i])) {
+                usage.shared += counted.shared;
+                usage.exclusive += counted.exclusive;
             }
-            total.shared += bytes / meta.nlink().max(1);
-            if meta.nlink() <= 1 || meta.is_dir() {
-                total.exclusive += bytes;
+            if meta.is_dir() {
+                // A part counts what is inside it, as `usage` of it would.
+                let path = entry.path();
+                let inside = part.or_else(|| parts.iter().position(|p| *p == path));
+                pending.push((path, inside));
             }
         }
     }
-    Ok(total)
+    Ok((total, of_parts))
 }
 
 /// Bytes an unprivileged writer can still use on `path`'s filesystem.
@@ -178,6 +196,12 @@ mod tests {
             usage(&a).unwrap(),
             usage(&b).unwrap(),
             usage(dir.path()).unwrap(),
+        );
+        let (total, parts) = usage_within(dir.path(), &[b.clone(), a.clone()]).unwrap();
+        assert_eq!(
+            (total, parts),
+            (all, vec![ub, ua]),
+            "one walk, the same figures"
         );
         let file = std::fs::metadata(a.join("own")).unwrap().blocks() * 512;
         assert!(ua.exclusive >= file && ua.exclusive < 2 * file, "{ua:?}");
