@@ -1,30 +1,40 @@
-//! What DEST holds, durably: the manifest (`.hydrator/manifest.journal`), the READY marker and
-//! the lock, all inside DEST's `.hydrator/` directory.
+//! What DEST holds, durably: the manifest (`.hydrator/manifest.base` and
+//! `.hydrator/manifest.journal`), the READY marker and the lock, all inside DEST's
+//! `.hydrator/` directory.
 //!
 //! The manifest is the memory of past runs: per object, the version being mirrored, which
 //! parts are durable with their BLAKE3 chaining values (so a killed run resumes at part
 //! granularity), and for a published file its hash, inode and mtime (so a warm re-run skips it
-//! without reading it). Its state lives in memory during a run and on disk as a journal (see
-//! [`journal`]); a completed file keeps only its hash, not its parts.
+//! without reading it).
+//!
+//! It is never held whole in memory, so memory stays flat in the number of objects (1.28
+//! million files is a common dataset). On disk it is a base sorted by key ([`base`]) plus a
+//! journal of this run's changes ([`journal`]). A run reads the base in step with the sorted
+//! listing ([`base::Cursor`]), keeps only the objects in flight in memory, and at its end folds
+//! the journal into a new base ([`fold`]), computing READY's digest in the same pass.
 
+pub(crate) mod base;
+pub(crate) mod fold;
 pub(crate) mod journal;
+pub(crate) mod listed;
 pub(crate) mod lock;
 pub(crate) mod ready;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
-use std::io::{self, Seek, SeekFrom, Write};
+use std::io::{self, Seek, SeekFrom};
 use std::sync::{Mutex, MutexGuard};
 
 use blake3::hazmat::ChainingValue;
 
-use journal::{JournalWriter, Record, SourceInfo, FORMAT_VERSION};
+use base::{BaseReader, Cursor};
+use fold::Folded;
+use journal::{JournalWriter, Record, SourceInfo};
+use listed::ListedKeys;
 
-use crate::fs::{self, Dir, OFlags};
+use crate::fs::{Dir, OFlags};
 
-const JOURNAL: &str = "manifest.journal";
-/// Compact when the journal holds this many more records than the live state needs.
-const COMPACT_SLACK: u64 = 10_000;
+pub(crate) const JOURNAL: &str = "manifest.journal";
 
 /// A published, durable file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,104 +65,83 @@ pub(crate) struct ObjectState {
     /// Durable parts of an unfinished download.
     pub parts: BTreeMap<u32, DurablePart>,
     pub complete: Option<Completed>,
-    /// Listed (and mirrored or found up to date) by this run.
-    pub seen: bool,
 }
 
-/// The manifest's state in memory.
-#[derive(Default)]
-pub(crate) struct State {
-    /// Boxed: the table then holds 24-byte entries, so growing it (old and new table both
-    /// alive) costs little; inline states made that peak 78 MiB at 200,000 objects.
-    pub objects: HashMap<String, Box<ObjectState>>,
-}
-
-impl State {
-    fn apply(&mut self, record: Record) {
-        match record {
-            Record::Header { .. } => {}
-            Record::Object {
-                key,
+/// Applies one record to the state of its key (`None`: not known). A journal, or the base
+/// followed by the journal, replays into the current state by applying its records in order.
+pub(crate) fn apply(slot: &mut Option<ObjectState>, record: Record) {
+    match record {
+        Record::Header { .. } => {}
+        Record::Object {
+            path,
+            size,
+            etag,
+            last_modified_ns,
+            part_size,
+            attempt,
+            ..
+        } => {
+            *slot = Some(ObjectState {
                 path,
                 size,
                 etag,
                 last_modified_ns,
                 part_size,
                 attempt,
-            } => {
-                let object = ObjectState {
-                    path,
-                    size,
-                    etag,
-                    last_modified_ns,
-                    part_size,
-                    attempt,
-                    parts: BTreeMap::new(),
-                    complete: None,
-                    seen: false,
-                };
-                self.objects.insert(key, Box::new(object));
-            }
-            Record::Parts {
-                key,
-                attempt,
-                parts,
-            } => {
-                if let Some(object) = self.objects.get_mut(&key).filter(|o| o.attempt == attempt) {
-                    for (index, cv, crc) in parts {
-                        if let Some(cv) = parse_hex32(&cv) {
-                            object.parts.insert(index, DurablePart { cv, crc });
-                        }
+                parts: BTreeMap::new(),
+                complete: None,
+            });
+        }
+        Record::Parts { attempt, parts, .. } => {
+            // Parts recorded after their file was published describe nothing still pending.
+            let pending = slot
+                .as_mut()
+                .filter(|o| o.attempt == attempt && o.complete.is_none());
+            if let Some(object) = pending {
+                for (index, cv, crc) in parts {
+                    if let Some(cv) = parse_hex32(&cv) {
+                        object.parts.insert(index, DurablePart { cv, crc });
                     }
                 }
             }
-            Record::Complete {
-                key,
-                etag,
-                blake3,
-                inode,
-                mtime_ns,
-            } => {
-                if let (Some(object), Some(hash)) = (
-                    self.objects.get_mut(&key).filter(|o| o.etag == etag),
-                    parse_hex32(&blake3),
-                ) {
-                    object.parts.clear();
-                    object.complete = Some(Completed {
-                        blake3: hash,
-                        inode,
-                        mtime_ns,
-                    });
-                }
-            }
-            Record::Forget { key } => {
-                self.objects.remove(&key);
+        }
+        Record::Complete {
+            etag,
+            blake3,
+            inode,
+            mtime_ns,
+            ..
+        } => {
+            if let (Some(object), Some(hash)) = (
+                slot.as_mut().filter(|o| o.etag == etag),
+                parse_hex32(&blake3),
+            ) {
+                object.parts.clear();
+                object.complete = Some(Completed {
+                    blake3: hash,
+                    inode,
+                    mtime_ns,
+                });
             }
         }
+        Record::Forget { .. } => *slot = None,
     }
+}
 
-    /// The records that rebuild this state.
-    /// Writes the records that rebuild this state, one at a time.
-    fn write_records(&self, source: &SourceInfo, out: &mut JournalWriter) -> io::Result<()> {
-        out.append(&Record::Header {
-            version: FORMAT_VERSION,
-            source: source.clone(),
-        })?;
-        for (key, o) in &self.objects {
-            out.append(&object_record(key, o))?;
-            if !o.parts.is_empty() {
-                out.append(&parts_record(
-                    key,
-                    o.attempt,
-                    o.parts.iter().map(|(i, p)| (*i, *p)),
-                ))?;
-            }
-            if let Some(c) = &o.complete {
-                out.append(&complete_record(key, &o.etag, c))?;
-            }
-        }
-        Ok(())
+/// Writes the records that rebuild `key`'s state.
+pub(crate) fn write_object(out: &mut JournalWriter, key: &str, o: &ObjectState) -> io::Result<()> {
+    out.append(&object_record(key, o))?;
+    if !o.parts.is_empty() {
+        out.append(&parts_record(
+            key,
+            o.attempt,
+            o.parts.iter().map(|(i, p)| (*i, *p)),
+        ))?;
     }
+    if let Some(c) = &o.complete {
+        out.append(&complete_record(key, &o.etag, c))?;
+    }
+    Ok(())
 }
 
 fn object_record(key: &str, o: &ObjectState) -> Record {
@@ -202,107 +191,147 @@ fn same_dataset(a: &SourceInfo, b: &SourceInfo) -> bool {
     a.endpoint == b.endpoint && a.bucket == b.bucket && a.prefix == b.prefix
 }
 
-/// The open manifest of a DEST.
+/// The open manifest of a DEST. The caller holds DEST's lock.
 pub(crate) struct Manifest {
     dir: Dir,
     source: SourceInfo,
-    state: Mutex<State>,
+    /// The objects being mirrored now and their state (`None`: not known yet), adopted from
+    /// the base by their tasks; records of other keys go to the journal only.
+    in_flight: Mutex<HashMap<String, Option<ObjectState>>>,
     journal: Mutex<JournalWriter>,
 }
 
 impl Manifest {
     /// Opens the manifest in DEST's state directory `dir` for `source`. A manifest of another
-    /// source (endpoint, bucket or prefix) is set aside: DEST then starts from an empty one.
+    /// source (endpoint, bucket or prefix) is set aside: DEST then starts from an empty one. A
+    /// journal left by an earlier run (killed, or of an older format that had no base) is
+    /// folded into the base first.
     pub(crate) fn open(dir: Dir, source: &SourceInfo) -> io::Result<Self> {
+        let base = BaseReader::open(&dir)?;
+        let base_source = base.as_ref().map(|(old, _)| old.clone());
+        let base = base.filter(|(old, _)| same_dataset(old, source));
         let mut file = dir.open_file(JOURNAL, OFlags::RDWR | OFlags::CREATE)?;
-        let mut state = State::default();
-        let mut header: Option<Option<SourceInfo>> = None;
-        let (count, intact) = journal::replay(&mut file, &mut |record| {
-            match &header {
-                None => {
-                    header = Some(match record {
-                        Record::Header {
-                            version: FORMAT_VERSION,
-                            source: old,
-                        } => Some(old),
-                        _ => None,
-                    });
-                    // Records of another source or format are not read at all.
-                    header
-                        .as_ref()
-                        .is_some_and(|h| h.as_ref().is_some_and(|old| same_dataset(old, source)))
-                }
+        let (journal_source, has_records, intact) = {
+            let mut records = journal::read_from_start(&mut file)?;
+            let header = match records.next_record()? {
+                Some(Record::Header {
+                    version: journal::FORMAT_VERSION,
+                    source,
+                }) => Some(source),
                 Some(_) => {
-                    state.apply(record);
-                    true
+                    tracing::warn!("the manifest journal has an unknown format; setting it aside");
+                    None
                 }
-            }
-        })?;
-        let header_current = matches!(&header, Some(Some(old)) if old == source);
-        match &header {
-            Some(Some(old)) if !same_dataset(old, source) => {
-                tracing::warn!(
+                None => None,
+            };
+            let has_records = records.next_record()?.is_some();
+            (header, has_records, records.intact)
+        };
+        if let Some(old) = base_source
+            .iter()
+            .chain(&journal_source)
+            .find(|old| !same_dataset(old, source))
+        {
+            tracing::warn!(
                 "DEST was mirrored from s3://{}/{} before; starting a new manifest for s3://{}/{}",
-                old.bucket, old.prefix, source.bucket, source.prefix
-            )
-            }
-            Some(None) => tracing::warn!("the manifest has an unknown format; starting a new one"),
-            _ => {}
+                old.bucket,
+                old.prefix,
+                source.bucket,
+                source.prefix
+            );
         }
-        file.set_len(intact)?;
-        file.seek(SeekFrom::End(0))?;
-        let manifest = Self {
+        let journal_usable = journal_source
+            .as_ref()
+            .is_some_and(|old| same_dataset(old, source));
+        let current = base_source.as_ref() == Some(source)
+            && journal_source.as_ref() == Some(source)
+            && !has_records;
+        if current {
+            file.set_len(intact)?;
+            file.seek(SeekFrom::End(0))?;
+        } else {
+            // Also rewrites the headers when the filters or the snapshot changed.
+            let journal = journal_usable.then_some(&mut file);
+            fold::fold(
+                &dir,
+                source,
+                base.map(|(_, reader)| reader),
+                journal,
+                None,
+                None,
+            )?;
+            file = dir.open_file(JOURNAL, OFlags::RDWR)?;
+            file.seek(SeekFrom::End(0))?;
+        }
+        Ok(Self {
             dir,
             source: source.clone(),
-            state: Mutex::new(state),
+            in_flight: Mutex::default(),
             journal: Mutex::new(JournalWriter::new(file)),
-        };
-        // Compaction also rewrites the header, when filters or the snapshot changed.
-        if !header_current || count > manifest.state().objects.len() as u64 * 3 + COMPACT_SLACK {
-            manifest.compact()?;
-        }
-        Ok(manifest)
+        })
     }
 
     /// Opens the manifest of DEST as it is, whatever its source (for `verify`).
     pub(crate) fn open_existing(dir: Dir) -> io::Result<Option<(SourceInfo, Self)>> {
-        let mut file = match dir.open_file(JOURNAL, OFlags::RDONLY) {
-            Ok(file) => file,
-            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(err) => return Err(err),
+        let source = match BaseReader::open(&dir)? {
+            Some((source, _)) => source,
+            None => match dir.open_file(JOURNAL, OFlags::RDONLY) {
+                Ok(mut file) => match journal::read_from_start(&mut file)?.next_record()? {
+                    Some(Record::Header {
+                        version: journal::FORMAT_VERSION,
+                        source,
+                    }) => source,
+                    _ => return Ok(None),
+                },
+                Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
+                Err(err) => return Err(err),
+            },
         };
-        let mut first = None;
-        journal::replay(&mut file, &mut |record| {
-            first = Some(record);
-            false
-        })?;
-        let Some(Record::Header {
-            version: FORMAT_VERSION,
-            source,
-        }) = first
-        else {
-            return Ok(None);
-        };
-        drop(file);
         Ok(Some((source.clone(), Self::open(dir, &source)?)))
     }
 
-    pub(crate) fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().expect("manifest state lock")
+    /// Reads the base in ascending key order, from its start.
+    pub(crate) fn cursor(&self) -> io::Result<Cursor> {
+        Ok(Cursor::new(
+            BaseReader::open(&self.dir)?.map(|(_, reader)| reader),
+        ))
     }
 
+    /// Reads every object of the base, in key order.
+    pub(crate) fn objects(&self) -> io::Result<Option<BaseReader>> {
+        Ok(BaseReader::open(&self.dir)?.map(|(_, reader)| reader))
+    }
+
+    fn in_flight(&self) -> MutexGuard<'_, HashMap<String, Option<ObjectState>>> {
+        self.in_flight.lock().expect("manifest state lock")
+    }
+
+    /// `key` is being mirrored from now on, starting from `known` (what the base holds).
+    pub(crate) fn adopt(&self, key: &str, known: Option<ObjectState>) {
+        self.in_flight().insert(key.to_string(), known);
+    }
+
+    /// `key` is no longer being mirrored by this run; its state lives on in the journal.
+    pub(crate) fn release(&self, key: &str) {
+        self.in_flight().remove(key);
+    }
+
+    /// The state of `key`, which is in flight.
     pub(crate) fn lookup(&self, key: &str) -> Option<ObjectState> {
-        self.state().objects.get(key).map(|o| ObjectState::clone(o))
+        self.in_flight().get(key).cloned().flatten()
     }
 
-    /// Looks at `key`'s state without copying it.
+    /// Looks at the state of `key`, which is in flight, without copying it.
     pub(crate) fn inspect<T>(&self, key: &str, look: impl FnOnce(Option<&ObjectState>) -> T) -> T {
-        look(self.state().objects.get(key).map(|o| &**o))
+        look(self.in_flight().get(key).and_then(Option::as_ref))
     }
 
     fn record(&self, record: Record) -> io::Result<()> {
         self.journal.lock().expect("journal lock").append(&record)?;
-        self.state().apply(record);
+        let mut in_flight = self.in_flight();
+        if let Some(slot) = record.key().and_then(|key| in_flight.get_mut(key)) {
+            apply(slot, record);
+        }
         Ok(())
     }
 
@@ -323,9 +352,7 @@ impl Manifest {
 
     /// `key` at `etag` is published and durable.
     pub(crate) fn complete(&self, key: &str, etag: &str, completed: Completed) -> io::Result<()> {
-        self.record(complete_record(key, etag, &completed))?;
-        self.mark_seen(key);
-        Ok(())
+        self.record(complete_record(key, etag, &completed))
     }
 
     pub(crate) fn forget(&self, key: &str) -> io::Result<()> {
@@ -334,38 +361,39 @@ impl Manifest {
         })
     }
 
-    pub(crate) fn mark_seen(&self, key: &str) {
-        if let Some(object) = self.state().objects.get_mut(key) {
-            object.seen = true;
-        }
-    }
-
     /// Makes every record so far durable.
     pub(crate) fn sync(&self) -> io::Result<()> {
         self.journal.lock().expect("journal lock").sync()
     }
 
-    /// Rewrites the journal as the live state, atomically ([`fs::write_atomic`]).
-    pub(crate) fn compact(&self) -> io::Result<()> {
+    /// Folds the journal into a new base (see [`fold`]). `listed` holds the keys this run
+    /// listed, when it listed the whole source: READY's figures are then those of the listed,
+    /// published objects, and with `forget_unlisted` the objects it accepts that were not
+    /// listed are dropped.
+    pub(crate) fn fold(
+        &self,
+        listed: Option<ListedKeys>,
+        forget_unlisted: Option<&dyn Fn(&str) -> bool>,
+    ) -> io::Result<Folded> {
         let mut journal = self.journal.lock().expect("journal lock");
-        fs::write_atomic(&self.dir, JOURNAL, |tmp| {
-            let mut writer = JournalWriter::new(tmp.try_clone()?);
-            self.state().write_records(&self.source, &mut writer)?;
-            writer.flush()
-        })?;
+        journal.flush()?;
+        let base = BaseReader::open(&self.dir)?.map(|(_, reader)| reader);
+        let mut file = self.dir.open_file(JOURNAL, OFlags::RDONLY)?;
+        let listed = listed.map(ListedKeys::into_reader).transpose()?;
+        let folded = fold::fold(
+            &self.dir,
+            &self.source,
+            base,
+            Some(&mut file),
+            listed,
+            forget_unlisted,
+        )?;
         let mut file: File = self.dir.open_file(JOURNAL, OFlags::RDWR)?;
         file.seek(SeekFrom::End(0))?;
-        file.flush()?;
         *journal = JournalWriter::new(file);
-        Ok(())
-    }
-
-    /// Compacts if this run appended many records (end of a run).
-    pub(crate) fn compact_if_grown(&self) -> io::Result<()> {
-        let appended = self.journal.lock().expect("journal lock").appended;
-        if appended > self.state().objects.len() as u64 + COMPACT_SLACK {
-            self.compact()?;
-        }
-        self.sync()
+        Ok(folded)
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -121,7 +121,7 @@ pub(crate) fn write(path: &Path, snapshot: &Snapshot) -> std::io::Result<()> {
 pub(crate) fn read(path: &Path) -> Result<Snapshot, UsageError> {
     let bad = |why: String| UsageError::new(format!("snapshot {}: {why}", path.display()));
     let bytes = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
-    let snapshot: Snapshot =
+    let mut snapshot: Snapshot =
         serde_json::from_slice(&bytes).map_err(|e| bad(format!("not a hydrator snapshot: {e}")))?;
     if snapshot.version != SNAPSHOT_VERSION {
         return Err(bad(format!(
@@ -133,6 +133,11 @@ pub(crate) fn read(path: &Path) -> Result<Snapshot, UsageError> {
         return Err(bad(
             "its digest does not match its entries (edited or damaged)".into(),
         ));
+    }
+    // Mirrored in key order, like a listing: the manifest is read in step with it.
+    snapshot.entries.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+    if let Some(pair) = snapshot.entries.windows(2).find(|w| w[0].key == w[1].key) {
+        return Err(bad(format!("key {:?} is listed twice", pair[0].key)));
     }
     Ok(snapshot)
 }

@@ -4,9 +4,7 @@
 //! forgets the missing and corrupt files in the manifest and runs a sync of the manifest's
 //! source, which fetches exactly those again and writes READY once the dataset is whole.
 
-use std::collections::HashSet;
 use std::io;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
 
 use crate::error::{IoContext, SyncError, UsageError};
@@ -65,8 +63,9 @@ pub(crate) async fn verify(
                 dest_path.display()
             ))
         })?;
+    let prefix = source.prefix.clone();
     let findings = tokio::task::spawn_blocking(move || -> io::Result<Findings> {
-        let findings = check(&dest, &manifest)?;
+        let findings = check(&dest, &manifest, &prefix)?;
         if !findings.clean() {
             ready::remove(&state_dir)?;
         }
@@ -84,46 +83,55 @@ pub(crate) async fn verify(
     Ok((findings, source))
 }
 
-fn check(dest: &Dest, manifest: &Manifest) -> io::Result<Findings> {
-    let expected: Vec<Expected> = manifest
-        .state()
-        .objects
-        .iter()
-        .filter_map(|(key, o)| {
-            o.complete.map(|c| Expected {
-                key: key.clone(),
-                path: o.path.clone(),
-                size: o.size,
-                blake3: c.blake3,
-            })
-        })
-        .collect();
-    let findings = Mutex::new(Findings {
-        checked: expected.len() as u64,
-        ..Default::default()
-    });
-    let next = AtomicUsize::new(0);
+/// Files handed to the hashing threads ahead of them: the manifest is streamed, never loaded.
+const QUEUED_FILES: usize = 1024;
+
+fn check(dest: &Dest, manifest: &Manifest, prefix: &str) -> io::Result<Findings> {
+    let findings = Mutex::new(Findings::default());
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
-    std::thread::scope(|scope| {
+    let (queue, files) = std::sync::mpsc::sync_channel::<Expected>(QUEUED_FILES);
+    let files = Mutex::new(files);
+    let streamed = std::thread::scope(|scope| -> io::Result<u64> {
         for _ in 0..workers {
-            scope.spawn(|| {
-                while let Some(file) = expected.get(next.fetch_add(1, Relaxed)) {
-                    let verdict = check_file(dest, file);
-                    let mut f = findings.lock().expect("findings lock");
-                    match verdict {
-                        Verdict::Good => continue,
-                        Verdict::Missing => f.missing.push(file.path.clone()),
-                        Verdict::Corrupt(why) => f.corrupt.push(format!("{} ({why})", file.path)),
-                    }
-                    f.bad_keys.push(file.key.clone());
+            scope.spawn(|| loop {
+                let Ok(file) = files.lock().expect("queue lock").recv() else {
+                    return;
+                };
+                let verdict = check_file(dest, &file);
+                let mut f = findings.lock().expect("findings lock");
+                match verdict {
+                    Verdict::Good => continue,
+                    Verdict::Missing => f.missing.push(file.path.clone()),
+                    Verdict::Corrupt(why) => f.corrupt.push(format!("{} ({why})", file.path)),
                 }
+                f.bad_keys.push(file.key);
             });
         }
+        let mut checked = 0;
+        let mut objects = manifest.objects()?;
+        while let Some((key, o)) = objects.as_mut().map_or(Ok(None), |o| o.next_object())? {
+            if let Some(done) = o.complete {
+                let file = Expected {
+                    key,
+                    path: o.path,
+                    size: o.size,
+                    blake3: done.blake3,
+                };
+                checked += 1;
+                if queue.send(file).is_err() {
+                    break;
+                }
+            }
+        }
+        drop(queue);
+        Ok(checked)
     });
     let mut findings = findings.into_inner().expect("findings lock");
-    let known: HashSet<&str> = expected.iter().map(|e| e.path.as_str()).collect();
+    findings.checked = streamed?;
+    let mut base = manifest.cursor()?;
     walk(dest, false, &mut |entry| {
-        if !known.contains(entry.path) {
+        let key = format!("{prefix}{}", entry.path);
+        if base.find(&key)?.is_none_or(|o| o.complete.is_none()) {
             findings.unexpected.push(entry.path.to_string());
         }
         Ok(())

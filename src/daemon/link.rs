@@ -37,10 +37,11 @@ pub(crate) fn link_unchanged(
     };
     let new_dest = Dest::open(next)?;
     let manifest = Manifest::open(new_dest.state_dir()?, source)?;
-    let old_state = old.state();
+    // Snapshot entries are sorted by key, so both manifests are read in step with them.
+    let (mut old_base, mut new_base) = (old.cursor()?, manifest.cursor()?);
     let mut linked = Linked::default();
     for entry in &snapshot.entries {
-        let Some(prev) = old_state.objects.get(&entry.key) else {
+        let Some(prev) = old_base.take(&entry.key)? else {
             continue;
         };
         let (Some(done), KeyPlan::File(rel)) = (
@@ -52,9 +53,9 @@ pub(crate) fn link_unchanged(
         if prev.etag != entry.etag || prev.size != entry.size || !rel.is(&prev.path) {
             continue;
         }
-        let already = manifest.inspect(&entry.key, |known| {
-            known.is_some_and(|k| k.etag == entry.etag && k.complete == Some(done))
-        });
+        let already = new_base
+            .find(&entry.key)?
+            .is_some_and(|k| k.etag == entry.etag && k.complete == Some(done));
         if already {
             continue;
         }
@@ -79,8 +80,7 @@ pub(crate) fn link_unchanged(
         let state = ObjectState {
             parts: Default::default(),
             complete: None,
-            seen: false,
-            ..prev.as_ref().clone()
+            ..prev
         };
         manifest.start_object(&entry.key, &state)?;
         manifest.complete(&entry.key, &entry.etag, done)?;

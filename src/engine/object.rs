@@ -30,7 +30,8 @@ use crate::write::dest;
 /// Times an object is restarted from scratch after it changed on the server mid-download.
 const MAX_OBJECT_RESTARTS: u32 = 3;
 
-/// Mirrors one listed object; the error names the reason for a person.
+/// Mirrors one listed object, whose state in the manifest's base is `known`; the error names
+/// the reason for a person.
 ///
 /// `slot` is one of the run's object slots; it is released as soon as the file is written, so
 /// files waiting for their durable batch do not hold back the next downloads.
@@ -38,8 +39,10 @@ pub(crate) async fn mirror_object(
     ctx: Arc<Ctx>,
     entry: ObjectEntry,
     rel: RelPath,
+    known: Option<ObjectState>,
     slot: Permit,
 ) -> Result<FileRecord, ObjectError> {
+    let _in_flight = InFlight::adopt(&ctx, &entry.key, known);
     let record = |size, hash: [u8; 32], status| FileRecord {
         key: entry.key.clone(),
         path: rel.to_string(),
@@ -103,6 +106,25 @@ pub(crate) async fn mirror_object(
     }
 }
 
+/// Holds an object's state in the manifest's memory while its task runs, aborted or not.
+struct InFlight<'a> {
+    ctx: &'a Ctx,
+    key: &'a str,
+}
+
+impl<'a> InFlight<'a> {
+    fn adopt(ctx: &'a Ctx, key: &'a str, known: Option<ObjectState>) -> Self {
+        ctx.write.manifest.adopt(key, known);
+        Self { ctx, key }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.ctx.write.manifest.release(self.key);
+    }
+}
+
 /// The file's hash when the manifest says it is published at this version and the file on disk
 /// is still the one published (size, mtime and inode unchanged).
 fn up_to_date(ctx: &Ctx, rel: &RelPath, entry: &ObjectEntry) -> std::io::Result<Option<[u8; 32]>> {
@@ -120,7 +142,6 @@ fn up_to_date(ctx: &Ctx, rel: &RelPath, entry: &ObjectEntry) -> std::io::Result<
     if stat.size != entry.size || stat.inode != done.inode || stat.mtime_ns != done.mtime_ns {
         return Ok(None);
     }
-    ctx.write.manifest.mark_seen(&entry.key);
     Ok(Some(done.blake3))
 }
 
@@ -139,7 +160,6 @@ async fn download(
         attempt: fastrand::u64(..),
         parts: BTreeMap::new(),
         complete: None,
-        seen: false,
     };
     let known = ctx.write.manifest.lookup(&object.key);
     // Durable parts of another attempt must be voided, durably, before their partial file is

@@ -1,6 +1,6 @@
 //! A whole sync in three stages: `prepare` (validate, lock DEST, open the manifest, start the
 //! writers, the committer and the request budget), `mirror` (stream the listing into object
-//! tasks and gather their results) and `finish` (flush, `--delete`, READY, compaction, the
+//! tasks and gather their results) and `finish` (flush, fold the manifest, `--delete`, READY, the
 //! summary and the report).
 
 use std::sync::atomic::Ordering::Relaxed;
@@ -20,6 +20,8 @@ use super::stats::Stats;
 use crate::config::{Concurrency, SyncConfig};
 use crate::error::{Exit, IoContext, LocalError, ObjectError, SyncError, UsageError};
 use crate::fs::Dir;
+use crate::manifest::fold::Folded;
+use crate::manifest::listed::ListedKeys;
 use crate::manifest::lock::{self, DestLock};
 use crate::manifest::ready::{self, Ready};
 use crate::manifest::{journal, Manifest};
@@ -234,6 +236,8 @@ struct Mirrored {
     /// What cut the run short: a broken listing, a stop signal, a report that cannot be written.
     fatal: Option<SyncError>,
     failures: Vec<Failure>,
+    /// Every key the run mirrors, when it listed the whole source.
+    listed: Option<ListedKeys>,
 }
 
 /// Streams the listing into object tasks and books their results.
@@ -253,6 +257,21 @@ async fn mirror(
     let mut listing = match &cfg.snapshot {
         Some(snapshot) => snapshot::spawn_entries(snapshot.clone()),
         None => list::spawn(ctx.fetch.source.clone(), cfg.source.clone()),
+    };
+    let state_path = cfg.dest.join(STATE_DIR);
+    let manifest = &ctx.write.manifest;
+    let (mut base, mut listed) = match manifest
+        .cursor()
+        .and_then(|cursor| Ok((cursor, ListedKeys::create(&run.state_dir)?)))
+    {
+        Ok(opened) => opened,
+        Err(err) => {
+            return Mirrored {
+                fatal: Some(LocalError::new("reading the manifest in", state_path, err).into()),
+                failures: Vec::new(),
+                listed: None,
+            }
+        }
     };
     let mut tasks = JoinSet::new();
     let mut fatal = loop {
@@ -277,6 +296,14 @@ async fn mirror(
             }
             KeyPlan::File(rel) => {
                 Stats::add(&stats.bytes_listed, entry.size);
+                let known = match listed.push(&entry.key).and_then(|()| base.take(&entry.key)) {
+                    Ok(known) => known,
+                    Err(err) => {
+                        break Some(
+                            LocalError::new("reading the manifest in", state_path, err).into(),
+                        )
+                    }
+                };
                 let permit = tokio::select! {
                     permit = ctx.fetch.request_slots.acquire_object() => permit,
                     () = stopped(stop) => break Some(SyncError::Stopped),
@@ -284,7 +311,7 @@ async fn mirror(
                 let ctx = ctx.clone();
                 tasks.spawn(async move {
                     let key = entry.key.clone();
-                    let result = mirror_object(ctx, entry, rel, permit).await;
+                    let result = mirror_object(ctx, entry, rel, known, permit).await;
                     (key, result)
                 });
                 while let Some(done) = tasks.try_join_next() {
@@ -312,9 +339,11 @@ async fn mirror(
         let report = cfg.report.clone().unwrap_or_default();
         fatal = Some(LocalError::new("writing the report spool for", report, err).into());
     }
+    let listed = fatal.is_none().then_some(listed);
     Mirrored {
         fatal,
         failures: tally.failures,
+        listed,
     }
 }
 
@@ -324,6 +353,7 @@ async fn finish(cfg: &SyncConfig, run: Prepared, mirrored: Mirrored, started: In
     let Mirrored {
         mut fatal,
         failures,
+        listed,
     } = mirrored;
     let ctx = &run.ctx;
     let (stats, manifest) = (&ctx.fetch.stats, &ctx.write.manifest);
@@ -345,8 +375,24 @@ async fn finish(cfg: &SyncConfig, run: Prepared, mirrored: Mirrored, started: In
     if cfg.delete && any_failed {
         tracing::warn!("--delete skipped: some objects failed, so their local copies are kept");
     }
-    if fatal.is_none() && cfg.delete && !any_failed {
-        match prune::remove_unlisted(&ctx.write.dest, manifest, &run.filter) {
+    let state_path = cfg.dest.join(STATE_DIR);
+    let complete = fatal.is_none() && !any_failed;
+    let delete = complete && cfg.delete;
+    let in_scope = |path: &str| run.filter.accepts(path);
+    let folded = manifest.fold(
+        listed.filter(|_| complete),
+        delete.then_some(&in_scope as &dyn Fn(&str) -> bool),
+    );
+    let folded = match folded {
+        Ok(folded) => Some(folded),
+        Err(err) => {
+            let err = LocalError::new("recording the manifest in", &state_path, err);
+            fatal.get_or_insert(err.into());
+            None
+        }
+    };
+    if let (true, Some(_)) = (delete && fatal.is_none(), &folded) {
+        match prune::remove_unlisted(&ctx.write.dest, manifest, &run.filter, &cfg.source.prefix) {
             Ok(removed) => stats.files_deleted.store(removed, Relaxed),
             Err(err) => {
                 let err = LocalError::new("--delete: removing unlisted files in", &cfg.dest, err);
@@ -354,14 +400,10 @@ async fn finish(cfg: &SyncConfig, run: Prepared, mirrored: Mirrored, started: In
             }
         }
     }
-    if fatal.is_none() && !any_failed {
-        if let Err(err) = write_ready(cfg, &run.state_dir, manifest) {
-            let state_path = cfg.dest.join(STATE_DIR);
+    if let (true, Some(folded)) = (complete && fatal.is_none(), &folded) {
+        if let Err(err) = write_ready(cfg, &run.state_dir, folded) {
             fatal = Some(LocalError::new("writing READY in", state_path, err).into());
         }
-    }
-    if let Err(err) = manifest.compact_if_grown() {
-        tracing::warn!("compacting the manifest: {err}");
     }
     let exit = match &fatal {
         Some(err) => err.exit(),
@@ -421,27 +463,15 @@ fn buffer_count(concurrency: Concurrency) -> usize {
     concurrency.max() * BUFFERS_PER_REQUEST + SPARE_BUFFERS
 }
 
-/// Writes READY over every object this run listed and holds.
-fn write_ready(cfg: &SyncConfig, state_dir: &Dir, manifest: &Manifest) -> std::io::Result<()> {
-    let (digest, objects, bytes) = {
-        // Borrowed from the state: no copy of every path at the end of a large run.
-        let state = manifest.state();
-        let entries: Vec<(&str, u64, [u8; 32])> = state
-            .objects
-            .values()
-            .filter(|o| o.seen)
-            .filter_map(|o| o.complete.map(|c| (o.path.as_str(), o.size, c.blake3)))
-            .collect();
-        let (objects, bytes) = (entries.len() as u64, entries.iter().map(|e| e.1).sum());
-        (ready::dataset_digest(entries), objects, bytes)
-    };
+/// Writes READY over every object this run listed and holds (as the fold counted them).
+fn write_ready(cfg: &SyncConfig, state_dir: &Dir, folded: &Folded) -> std::io::Result<()> {
     ready::write(
         state_dir,
         &Ready {
             version: journal::FORMAT_VERSION,
-            digest: digest.to_hex().to_string(),
-            objects,
-            bytes,
+            digest: folded.digest.to_hex().to_string(),
+            objects: folded.objects,
+            bytes: folded.bytes,
             source: cfg.source.to_string(),
             snapshot: cfg.snapshot.as_ref().map(|s| s.digest.clone()),
             include: cfg.include.clone(),

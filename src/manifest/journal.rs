@@ -1,10 +1,10 @@
-//! The manifest's on-disk form: an append-only journal of checksummed records.
+//! The manifest's records, and the journal: the append-only file of this run's changes.
 //!
-//! Each record is `u32 length (LE) | 8-byte BLAKE3 prefix of the payload | JSON payload`. A
-//! crash can leave a torn last record; reading stops at the first record that is short or whose
-//! checksum does not match, and the file is cut back to the last good record before anything
-//! is appended, so a torn tail is ignored and never trusted. Compaction writes the live state
-//! to a temporary file, syncs it and renames it over the journal.
+//! Each record is `u32 length (LE) | 8-byte BLAKE3 prefix of the payload | JSON payload`; the
+//! base ([`super::base`]) is framed the same way. A crash can leave a torn last record; reading
+//! stops at the first record that is short or whose checksum does not match, and the file is
+//! cut back to the last good record before anything is appended, so a torn tail is ignored
+//! and never trusted.
 
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
@@ -81,41 +81,70 @@ pub(crate) enum Record {
     Forget { key: String },
 }
 
-/// Streams the intact records to `visit` (which returns false to stop early) and returns how
-/// many were read and the length of the intact prefix. Memory stays at one record.
-pub(crate) fn replay(
-    file: &mut File,
-    visit: &mut dyn FnMut(Record) -> bool,
-) -> io::Result<(u64, u64)> {
-    file.seek(SeekFrom::Start(0))?;
-    let mut reader = BufReader::with_capacity(1 << 20, &mut *file);
-    let (mut count, mut intact) = (0u64, 0u64);
-    let mut header = [0u8; HEADER_LEN];
-    let mut payload = Vec::new();
-    loop {
-        if read_full(&mut reader, &mut header)? < HEADER_LEN {
-            break;
+impl Record {
+    /// The object the record is about (`None` for the header).
+    pub(crate) fn key(&self) -> Option<&str> {
+        match self {
+            Record::Header { .. } => None,
+            Record::Object { key, .. }
+            | Record::Parts { key, .. }
+            | Record::Complete { key, .. }
+            | Record::Forget { key } => Some(key),
+        }
+    }
+}
+
+/// Reads the intact records of a journal or base file in order: iteration ends at the first
+/// record that is short, too long, fails its checksum or does not parse, so a torn or corrupt
+/// tail is never trusted. Memory stays at one record.
+pub(crate) struct RecordReader<R> {
+    reader: R,
+    payload: Vec<u8>,
+    /// Records read so far.
+    pub count: u64,
+    /// Length of the intact prefix read so far.
+    pub intact: u64,
+}
+
+impl<R: Read> RecordReader<R> {
+    pub(crate) fn new(reader: R) -> Self {
+        Self {
+            reader,
+            payload: Vec::new(),
+            count: 0,
+            intact: 0,
+        }
+    }
+
+    /// The next intact record; `Ok(None)` at the end of the intact prefix.
+    pub(crate) fn next_record(&mut self) -> io::Result<Option<Record>> {
+        let mut header = [0u8; HEADER_LEN];
+        if read_full(&mut self.reader, &mut header)? < HEADER_LEN {
+            return Ok(None);
         }
         let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
         if len > MAX_RECORD {
-            break;
+            return Ok(None);
         }
-        payload.resize(len, 0);
-        if read_full(&mut reader, &mut payload)? < len
-            || blake3::hash(&payload).as_bytes()[..8] != header[4..]
+        self.payload.resize(len, 0);
+        if read_full(&mut self.reader, &mut self.payload)? < len
+            || blake3::hash(&self.payload).as_bytes()[..8] != header[4..]
         {
-            break;
+            return Ok(None);
         }
-        let Ok(record) = serde_json::from_slice::<Record>(&payload) else {
-            break;
+        let Ok(record) = serde_json::from_slice::<Record>(&self.payload) else {
+            return Ok(None);
         };
-        count += 1;
-        intact += (HEADER_LEN + len) as u64;
-        if !visit(record) {
-            break;
-        }
+        self.count += 1;
+        self.intact += (HEADER_LEN + len) as u64;
+        Ok(Some(record))
     }
-    Ok((count, intact))
+}
+
+/// Opens `file` from its start for [`RecordReader`].
+pub(crate) fn read_from_start(file: &mut File) -> io::Result<RecordReader<BufReader<&mut File>>> {
+    file.seek(SeekFrom::Start(0))?;
+    Ok(RecordReader::new(BufReader::with_capacity(1 << 20, file)))
 }
 
 /// Reads as much of `buf` as the file still holds.
@@ -143,21 +172,17 @@ pub(crate) fn encode(record: &Record) -> Vec<u8> {
 /// Appends framed records to the journal file.
 pub(crate) struct JournalWriter {
     out: BufWriter<File>,
-    pub appended: u64,
 }
 
 impl JournalWriter {
     pub(crate) fn new(file: File) -> Self {
         Self {
             out: BufWriter::with_capacity(256 << 10, file),
-            appended: 0,
         }
     }
 
     pub(crate) fn append(&mut self, record: &Record) -> io::Result<()> {
-        self.out.write_all(&encode(record))?;
-        self.appended += 1;
-        Ok(())
+        self.out.write_all(&encode(record))
     }
 
     /// Hands everything appended so far to the kernel.
@@ -178,11 +203,11 @@ mod tests {
 
     fn read_records(file: &mut File) -> io::Result<(Vec<Record>, u64)> {
         let mut records = Vec::new();
-        let (_, intact) = replay(file, &mut |r| {
-            records.push(r);
-            true
-        })?;
-        Ok((records, intact))
+        let mut reader = read_from_start(file)?;
+        while let Some(record) = reader.next_record()? {
+            records.push(record);
+        }
+        Ok((records, reader.intact))
     }
 
     fn forget(i: usize) -> Record {

@@ -30,19 +30,25 @@ pub(crate) struct Ready {
     pub completed_at: String,
 }
 
-/// The dataset digest of `(path, size, blake3)` entries (sorted here).
-pub(crate) fn dataset_digest<P: AsRef<str>>(mut entries: Vec<(P, u64, [u8; 32])>) -> blake3::Hash {
-    entries.sort_unstable_by(|a, b| a.0.as_ref().cmp(b.0.as_ref()));
-    let mut hasher = blake3::Hasher::new();
-    for (path, size, hash) in &entries {
-        hasher.update(path.as_ref().as_bytes());
-        hasher.update(b"\0");
-        hasher.update(size.to_string().as_bytes());
-        hasher.update(b"\0");
-        hasher.update(super::hex(hash).as_bytes());
-        hasher.update(b"\n");
+/// The dataset digest, fed `(path, size, blake3)` in ascending path order.
+#[derive(Default)]
+pub(crate) struct DatasetDigest {
+    hasher: blake3::Hasher,
+}
+
+impl DatasetDigest {
+    pub(crate) fn add(&mut self, path: &str, size: u64, hash: &[u8; 32]) {
+        self.hasher.update(path.as_bytes());
+        self.hasher.update(b"\0");
+        self.hasher.update(size.to_string().as_bytes());
+        self.hasher.update(b"\0");
+        self.hasher.update(super::hex(hash).as_bytes());
+        self.hasher.update(b"\n");
     }
-    hasher.finalize()
+
+    pub(crate) fn finish(&self) -> blake3::Hash {
+        self.hasher.finalize()
+    }
 }
 
 /// Removes READY (durably) before anything in DEST changes.
@@ -70,16 +76,22 @@ pub(crate) fn read(state_dir: &Dir) -> Option<Ready> {
 mod tests {
     use super::*;
 
+    fn digest(entries: &[(&str, u64, [u8; 32])]) -> blake3::Hash {
+        let mut digest = DatasetDigest::default();
+        for (path, size, hash) in entries {
+            digest.add(path, *size, hash);
+        }
+        digest.finish()
+    }
+
     #[test]
-    fn digest_ignores_order_but_not_content() {
-        let a = ("a".to_string(), 1, [1u8; 32]);
-        let b = ("b/c".to_string(), 2, [2u8; 32]);
-        let d1 = dataset_digest(vec![a.clone(), b.clone()]);
-        assert_eq!(d1, dataset_digest(vec![b.clone(), a.clone()]));
-        assert_ne!(
-            d1,
-            dataset_digest(vec![a.clone(), ("b/c".to_string(), 3, [2u8; 32])])
-        );
-        assert_ne!(d1, dataset_digest(vec![a]));
+    fn digest_covers_every_path_size_and_hash() {
+        let (a, b) = (("a", 1, [1u8; 32]), ("b/c", 2, [2u8; 32]));
+        let both = digest(&[a, b]);
+        assert_eq!(both, digest(&[a, b]));
+        assert_ne!(both, digest(&[a, ("b/c", 3, [2u8; 32])]));
+        assert_ne!(both, digest(&[a, ("b/d", 2, [2u8; 32])]));
+        assert_ne!(both, digest(&[a, ("b/c", 2, [3u8; 32])]));
+        assert_ne!(both, digest(&[a]));
     }
 }

@@ -4,8 +4,11 @@
 //! (outside the run's scope, like `rclone sync` without `--delete-excluded`). Removed: anything
 //! else under DEST (files, symlinks themselves, leftover `.partial` files) and directories left
 //! empty. Never followed: symlinks; never touched: `.hydrator/`.
+//!
+//! It runs after the manifest's fold has dropped the objects in scope that the run did not
+//! list, so a file in scope is kept exactly when the base holds its key. DEST is walked in
+//! ascending path order, which is the base's key order, and checked against it with a cursor.
 
-use std::collections::HashSet;
 use std::io;
 
 use super::dest::Dest;
@@ -13,35 +16,18 @@ use super::walk::walk;
 use crate::manifest::Manifest;
 use crate::plan::filter::KeyFilter;
 
-/// Removes unlisted files; returns how many. Manifest entries of objects in the run's scope
-/// that it did not list are forgotten.
+/// Removes unlisted files; returns how many. `prefix` is the source prefix: a file's key is
+/// `prefix` followed by its path.
 pub(crate) fn remove_unlisted(
     dest: &Dest,
     manifest: &Manifest,
     filter: &KeyFilter,
+    prefix: &str,
 ) -> io::Result<u64> {
-    let (keep, stale): (HashSet<String>, Vec<String>) = {
-        let state = manifest.state();
-        let keep = state
-            .objects
-            .values()
-            .filter(|o| o.seen)
-            .map(|o| o.path.clone())
-            .collect();
-        let stale = state
-            .objects
-            .iter()
-            .filter(|(_, o)| !o.seen && filter.accepts(&o.path))
-            .map(|(k, _)| k.clone())
-            .collect();
-        (keep, stale)
-    };
-    for key in stale {
-        manifest.forget(&key)?;
-    }
+    let mut base = manifest.cursor()?;
     let mut removed = 0;
     walk(dest, true, &mut |entry| {
-        if keep.contains(entry.path) || !filter.accepts(entry.path) {
+        if !filter.accepts(entry.path) || base.find(&format!("{prefix}{}", entry.path))?.is_some() {
             return Ok(());
         }
         tracing::info!(
@@ -52,7 +38,6 @@ pub(crate) fn remove_unlisted(
         removed += 1;
         Ok(())
     })?;
-    manifest.sync()?;
     dest.syncer()?.sync()?;
     Ok(removed)
 }

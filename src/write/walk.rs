@@ -2,6 +2,10 @@
 //! `openat(O_NOFOLLOW | O_DIRECTORY)` relative to their parent and read through their own
 //! descriptor, so a symlink swapped in mid-walk is seen as an entry, never entered. The state
 //! directory `.hydrator/` is not visited.
+//!
+//! Entries come in ascending byte order of their paths (a directory's entries sorted with a
+//! `/` after each directory's name), the manifest's key order, so a walk can be checked
+//! against the manifest's base with a forward cursor.
 
 use std::io;
 
@@ -18,7 +22,8 @@ pub(crate) struct Entry<'a> {
     pub path: &'a str,
 }
 
-/// Calls `visit` for every non-directory entry under DEST (files, symlinks, others). With
+/// Calls `visit` for every non-directory entry under DEST (files, symlinks, others), in
+/// ascending path order. With
 /// `remove_empty_dirs`, directories left empty afterwards are removed.
 pub(crate) fn walk(
     dest: &Dest,
@@ -34,7 +39,11 @@ fn walk_dir(
     remove_empty_dirs: bool,
     visit: &mut dyn FnMut(Entry<'_>) -> io::Result<()>,
 ) -> io::Result<()> {
-    for (name, is_dir) in dir.entries()? {
+    let mut entries = dir.entries()?;
+    entries.sort_unstable_by(|(a, a_dir), (b, b_dir)| {
+        path_order(a, *a_dir).cmp(path_order(b, *b_dir))
+    });
+    for (name, is_dir) in entries {
         if prefix.is_empty() && name == STATE_DIR {
             continue;
         }
@@ -56,4 +65,38 @@ fn walk_dir(
         }
     }
     Ok(())
+}
+
+/// The bytes by which an entry sorts among its siblings: a directory's paths all continue
+/// with `/`.
+fn path_order(name: &str, is_dir: bool) -> impl Iterator<Item = u8> + '_ {
+    name.bytes().chain(is_dir.then_some(b'/'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_come_in_byte_order() {
+        let root = tempfile::tempdir().unwrap();
+        let files = [
+            "a-b", "a.b", "a/x", "a/x.y", "a0", "b/c/d", "b/c-d", "b0", "é",
+        ];
+        for file in files {
+            let path = root.path().join(file);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, b"").unwrap();
+        }
+        let dest = Dest::open(root.path()).unwrap();
+        let mut walked = Vec::new();
+        walk(&dest, false, &mut |entry| {
+            walked.push(entry.path.to_string());
+            Ok(())
+        })
+        .unwrap();
+        let mut sorted = files.map(String::from).to_vec();
+        sorted.sort();
+        assert_eq!(walked, sorted);
+    }
 }

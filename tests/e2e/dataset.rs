@@ -218,7 +218,7 @@ fn warm_rerun_reads_nothing_and_refetches_what_was_removed() {
 }
 
 #[test]
-fn torn_and_corrupt_journal_tails_are_ignored() {
+fn torn_and_corrupt_manifest_tails_are_ignored() {
     let server = Server::local();
     let expected = files(&[("one", content(110, 700)), ("two", content(111, 800))]);
     server.seed("journal/", &expected);
@@ -238,11 +238,12 @@ fn torn_and_corrupt_journal_tails_are_ignored() {
         "nothing lost to a torn tail"
     );
 
-    // A corrupt last record (the last file's Complete): that file is fetched again.
-    let mut bytes = std::fs::read(&journal).unwrap();
+    // A corrupt last record in the base (the last file's Complete): that file is fetched again.
+    let base = dest.join(".hydrator/manifest.base");
+    let mut bytes = std::fs::read(&base).unwrap();
     let last = bytes.len() - 2;
     bytes[last] ^= 0xff;
-    std::fs::write(&journal, &bytes).unwrap();
+    std::fs::write(&base, &bytes).unwrap();
     let corrupt = server.sync("journal/", &dest, &[]);
     corrupt.assert_code(0);
     assert_eq!(
