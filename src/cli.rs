@@ -108,6 +108,15 @@ pub struct WarmArgs {
     /// Give up waiting after this many seconds.
     #[arg(long, env = "HYDRATOR_WAIT_TIMEOUT")]
     pub timeout: Option<u64>,
+    /// How long to keep asking a daemon that is not there (socket missing or connection
+    /// refused, as while it restarts) before falling back or giving up.
+    #[arg(
+        long,
+        env = "HYDRATOR_DAEMON_WAIT",
+        default_value_t = 60,
+        value_name = "SECONDS"
+    )]
+    pub daemon_wait: u64,
     /// Lease the ready snapshot for this holder (e.g. the pod UID) so it is not evicted.
     #[arg(long, env = "HYDRATOR_LEASE_HOLDER")]
     pub lease_holder: Option<String>,

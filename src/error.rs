@@ -233,6 +233,11 @@ pub enum WarmError {
     NoDaemon { daemon: String, why: String },
     #[error("talking to the daemon at {daemon}: {why}")]
     Broken { daemon: String, why: String },
+    /// The daemon is there but this process may not talk to it: no fallback, exit 2.
+    #[error(
+        "not allowed to talk to the daemon at {daemon} ({why}); check the socket's permissions"
+    )]
+    Denied { daemon: String, why: String },
     /// The daemon's own explanation of a refusal.
     #[error("{0}")]
     Refused(String),
@@ -282,7 +287,9 @@ pub enum SyncError {
 impl SyncError {
     pub fn exit(&self) -> Exit {
         match self {
-            SyncError::Usage(_) | SyncError::Source(_) => Exit::Usage,
+            SyncError::Usage(_)
+            | SyncError::Source(_)
+            | SyncError::Warm(WarmError::Denied { .. }) => Exit::Usage,
             SyncError::Listing(_)
             | SyncError::Local(_)
             | SyncError::LockTimeout(_)

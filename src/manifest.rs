@@ -186,9 +186,12 @@ pub(crate) fn parse_hex32(text: &str) -> Option<[u8; 32]> {
     blake3::Hash::from_hex(text).ok().map(|h| *h.as_bytes())
 }
 
-/// Whether two sources are the same dataset (filters and snapshot may differ).
+/// Whether two sources are the same dataset: the same bucket and prefix. The endpoint may
+/// differ (a Service name instead of an IP, a second gateway to the same store): every part is
+/// pinned to its ETag, so what was mirrored through one address stays valid through another.
+/// Filters and snapshot may differ too.
 fn same_dataset(a: &SourceInfo, b: &SourceInfo) -> bool {
-    a.endpoint == b.endpoint && a.bucket == b.bucket && a.prefix == b.prefix
+    a.bucket == b.bucket && a.prefix == b.prefix
 }
 
 /// The open manifest of a DEST. The caller holds DEST's lock.
@@ -232,12 +235,14 @@ impl Manifest {
             .chain(&journal_source)
             .find(|old| !same_dataset(old, source))
         {
+            let differs = match old.bucket == source.bucket {
+                true => format!("prefix {:?}, now {:?}", old.prefix, source.prefix),
+                false => format!("bucket {:?}, now {:?}", old.bucket, source.bucket),
+            };
             tracing::warn!(
-                "DEST was mirrored from s3://{}/{} before; starting a new manifest for s3://{}/{}",
+                "DEST was mirrored from s3://{}/{} before ({differs}); starting a new manifest",
                 old.bucket,
                 old.prefix,
-                source.bucket,
-                source.prefix
             );
         }
         let journal_usable = journal_source
@@ -252,14 +257,7 @@ impl Manifest {
         } else {
             // Also rewrites the headers when the filters or the snapshot changed.
             let journal = journal_usable.then_some(&mut file);
-            fold::fold(
-                &dir,
-                source,
-                base.map(|(_, reader)| reader),
-                journal,
-                None,
-                None,
-            )?;
+            fold::fold(&dir, source, base, journal, None, None)?;
             file = dir.open_file(JOURNAL, OFlags::RDWR)?;
             file.seek(SeekFrom::End(0))?;
         }
@@ -377,7 +375,7 @@ impl Manifest {
     ) -> io::Result<Folded> {
         let mut journal = self.journal.lock().expect("journal lock");
         journal.flush()?;
-        let base = BaseReader::open(&self.dir)?.map(|(_, reader)| reader);
+        let base = BaseReader::open(&self.dir)?;
         let mut file = self.dir.open_file(JOURNAL, OFlags::RDONLY)?;
         let listed = listed.map(ListedKeys::into_reader).transpose()?;
         let folded = fold::fold(

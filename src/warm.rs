@@ -2,6 +2,12 @@
 //! for the dataset, shows progress while it hydrates, takes a lease for the pod, prints the
 //! ready directory on stdout and exits 0 only when the dataset is ready. When no daemon answers
 //! and `--fallback SOURCE DEST` is given, it runs a direct sync instead and prints DEST.
+//!
+//! It rides through a daemon rollout: a missing socket or a refused connection is asked again
+//! with back-off for `--daemon-wait` (the socket is gone while the daemon restarts), and only
+//! then counts as no daemon. Every call has a deadline, so a daemon that accepts and never
+//! answers cannot hang a pod. A permission error means a daemon is there but this pod may not
+//! use it: that is an error (exit 2), never a reason to download on its own.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -21,6 +27,11 @@ use crate::source::url::S3Url;
 use crate::units::human_bytes;
 
 const POLL_INTERVAL: Duration = Duration::from_millis(500);
+/// The longest one call may take, whatever `--timeout` leaves.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// The first pause before asking an absent daemon again; it doubles up to `RECONNECT_MAX`.
+const RECONNECT_FIRST: Duration = Duration::from_millis(250);
+const RECONNECT_MAX: Duration = Duration::from_secs(5);
 const PROGRESS_INTERVAL: Duration = Duration::from_secs(5);
 /// Times a lease is retried when its snapshot was replaced between ready and lease.
 const LEASE_ATTEMPTS: u32 = 3;
@@ -53,18 +64,67 @@ impl Endpoint {
 /// Why a call did not get an answer.
 #[derive(Debug)]
 enum CallError {
-    /// Nothing listens there: the fallback may run.
+    /// Nothing listens there, even after `--daemon-wait`: the fallback may run.
     Unreachable(String),
+    /// A daemon is there but refuses this process (permissions).
+    Denied(String),
     Broken(String),
 }
 
 struct Client {
     endpoint: Endpoint,
     token: Option<String>,
+    /// How long an absent daemon is asked again.
+    daemon_wait: Duration,
+    /// `--timeout`: no call runs past it.
+    deadline: Option<Instant>,
 }
 
 impl Client {
+    /// One request, asked again while the daemon is absent (for `daemon_wait`), each attempt
+    /// bounded in time.
     async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(StatusCode, Bytes), CallError> {
+        let mut absent_since: Option<Instant> = None;
+        let mut pause = RECONNECT_FIRST;
+        loop {
+            let limit = self.deadline.map_or(CALL_TIMEOUT, |deadline| {
+                deadline
+                    .saturating_duration_since(Instant::now())
+                    .min(CALL_TIMEOUT)
+            });
+            let attempt = self.call_once(method.clone(), path, body.clone());
+            let why = match tokio::time::timeout(limit, attempt).await {
+                Ok(Err(CallError::Unreachable(why))) => why,
+                Ok(answer) => return answer,
+                Err(_) => {
+                    return Err(CallError::Broken(format!(
+                        "no answer within {:.0} s",
+                        limit.as_secs_f64()
+                    )))
+                }
+            };
+            let waited = absent_since.get_or_insert_with(Instant::now).elapsed();
+            let past_deadline = self.deadline.is_some_and(|d| Instant::now() + pause >= d);
+            if waited >= self.daemon_wait || past_deadline {
+                return Err(CallError::Unreachable(why));
+            }
+            if pause == RECONNECT_FIRST {
+                eprintln!(
+                    "hydrator: warm: no daemon answers yet ({why}); asking again for up to {} s",
+                    self.daemon_wait.as_secs()
+                );
+            }
+            tokio::time::sleep(pause.min(self.daemon_wait - waited)).await;
+            pause = (pause * 2).min(RECONNECT_MAX);
+        }
+    }
+
+    async fn call_once(
         &self,
         method: Method,
         path: &str,
@@ -84,7 +144,10 @@ impl Client {
         let request = request
             .body(Full::new(Bytes::from(body.unwrap_or_default())))
             .map_err(|e| broken(&e))?;
-        let unreachable = |e: std::io::Error| CallError::Unreachable(e.to_string());
+        let unreachable = |e: std::io::Error| match e.kind() {
+            std::io::ErrorKind::PermissionDenied => CallError::Denied(e.to_string()),
+            _ => CallError::Unreachable(e.to_string()),
+        };
         let response = match &self.endpoint {
             Endpoint::Unix(path) => {
                 let stream = tokio::net::UnixStream::connect(path)
@@ -147,7 +210,14 @@ pub(crate) async fn run(args: WarmArgs) -> Result<Exit, SyncError> {
         None => None,
     };
     let fallback = fallback_config(&args)?;
-    let client = Client { endpoint, token };
+    let client = Client {
+        endpoint,
+        token,
+        daemon_wait: Duration::from_secs(args.daemon_wait),
+        deadline: args
+            .timeout
+            .map(|seconds| Instant::now() + Duration::from_secs(seconds)),
+    };
     match warm(&client, &args).await {
         Err(CallError::Unreachable(why)) => match fallback {
             Some(config) => {
@@ -172,6 +242,11 @@ pub(crate) async fn run(args: WarmArgs) -> Result<Exit, SyncError> {
             .into()),
         },
         Err(CallError::Broken(why)) => Err(WarmError::Broken {
+            daemon: args.daemon.clone(),
+            why,
+        }
+        .into()),
+        Err(CallError::Denied(why)) => Err(WarmError::Denied {
             daemon: args.daemon.clone(),
             why,
         }

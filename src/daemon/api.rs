@@ -146,7 +146,13 @@ async fn warm(State(daemon): Shared, Path(name): Path<String>, bytes: Bytes) -> 
         return error(StatusCode::SERVICE_UNAVAILABLE, "the daemon is stopping");
     }
     let mut done = match flight::warm(&daemon, &name, &dataset) {
-        Warm::Ready(status) => return Json(status).into_response(),
+        Warm::Known(status) => {
+            let code = match status.state {
+                DatasetState::Failed => StatusCode::INTERNAL_SERVER_ERROR,
+                _ => StatusCode::OK,
+            };
+            return (code, Json(status)).into_response();
+        }
         Warm::Hydrating(done) => done,
     };
     if request.wait {

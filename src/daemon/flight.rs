@@ -21,7 +21,8 @@ use crate::source::client;
 
 /// What a warm request gets.
 pub(crate) enum Warm {
-    Ready(DatasetStatus),
+    /// The answer now: ready (maybe stale), or failed and backing off.
+    Known(Box<DatasetStatus>),
     /// Turns true when the hydration ends.
     Hydrating(tokio::sync::watch::Receiver<bool>),
 }
@@ -42,11 +43,17 @@ pub(crate) fn warm(daemon: &Arc<Daemon>, name: &str, dataset: &Dataset) -> Warm 
                 .checked_at
                 .is_some_and(|at| at.elapsed() < dataset.refresh),
         });
-    if let Some(current) = fresh.cloned() {
+    // A failed hydration is not tried again before its back-off ends; meanwhile what is held
+    // is served as it is.
+    let serve = fresh.or(entry.current.as_ref().filter(|_| entry.backing_off()));
+    if let Some(current) = serve.cloned() {
         let ready = entry.ready.get_mut(&current).expect("current is ready");
         ready.last_used = registry::now_unix();
         daemon.metrics.served_from_cache(ready.bytes);
-        return Warm::Ready(registry.status(&daemon.root, name));
+        return Warm::Known(Box::new(registry.status(&daemon.root, name)));
+    }
+    if entry.backing_off() {
+        return Warm::Known(Box::new(registry.status(&daemon.root, name)));
     }
     let receiver = start(daemon, &mut registry, name, dataset.clone(), None);
     Warm::Hydrating(receiver)
@@ -64,7 +71,6 @@ pub(crate) fn start(
     let flight = Flight::new();
     flight.info().link_source = entry.current.clone();
     entry.flight = Some(flight.clone());
-    entry.failure = None;
     let receiver = flight.done.subscribe();
     let (daemon, name) = (daemon.clone(), name.to_string());
     tokio::spawn(async move {
@@ -89,14 +95,24 @@ fn finish(daemon: &Daemon, name: &str, flight: &Flight, result: Result<Done, Hyd
                 entry.ready.insert(done.digest.clone(), done.ready);
                 entry.current = Some(done.digest);
                 entry.checked_at = Some(std::time::Instant::now());
+                entry.refreshed_at = Some(crate::units::now_rfc3339());
+                (entry.failure, entry.failures, entry.failed_at) = (None, 0, None);
                 tracing::info!(dataset = name, "ready in {seconds:.1} s");
                 daemon
                     .metrics
                     .hydration_finished(HydrationResult::Complete, seconds);
             }
             Err(reason) => {
-                tracing::error!(dataset = name, "hydration failed: {reason}");
+                match entry.current {
+                    Some(_) => tracing::error!(
+                        dataset = name,
+                        "refresh failed: {reason}; serving the snapshot held"
+                    ),
+                    None => tracing::error!(dataset = name, "hydration failed: {reason}"),
+                }
                 entry.failure = Some(reason);
+                entry.failures += 1;
+                entry.failed_at = Some(std::time::Instant::now());
                 let result = match *daemon.stop.borrow() {
                     true => HydrationResult::Stopped,
                     false => HydrationResult::Failed,

@@ -81,8 +81,19 @@ pub(crate) struct DatasetStatus {
     pub bytes: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<Progress>,
+    /// Why it failed (`failed`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// `ready`, but the last refresh failed: this is the snapshot from before it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stale: bool,
+    /// Why the last refresh failed (`stale`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// When the source was last listed successfully (RFC 3339; after a daemon restart, when
+    /// the snapshot held was completed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refreshed_at: Option<String>,
 }
 
 /// `POST /v1/datasets/{name}/warm` (the body is optional).

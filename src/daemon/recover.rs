@@ -73,8 +73,13 @@ pub(crate) fn scan(root: &Path, catalog: &Catalog) -> io::Result<(Registry, Resu
                 },
             }
         }
-        if let Some((_, digest)) = newest {
-            registry.datasets.entry(name).or_default().current = Some(digest);
+        if let Some((completed_at, digest)) = newest {
+            // Served at once, before any listing (the store may be down): it counts as checked
+            // now, so the source is listed again one refresh interval from now.
+            let entry = registry.datasets.entry(name).or_default();
+            entry.current = Some(digest);
+            entry.checked_at = Some(std::time::Instant::now());
+            entry.refreshed_at = Some(completed_at);
         }
     }
     let now = registry::now_unix();

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -99,8 +99,29 @@ pub(crate) struct DatasetEntry {
     pub current: Option<String>,
     /// When `current` was last confirmed against the source's listing.
     pub checked_at: Option<Instant>,
+    /// When `current` was last listed successfully (RFC 3339).
+    pub refreshed_at: Option<String>,
     pub flight: Option<Arc<Flight>>,
+    /// Why the last hydration failed, until one succeeds.
     pub failure: Option<HydrationError>,
+    /// Hydrations failed in a row, and when the last one ended: the back-off before the next.
+    pub failures: u32,
+    pub failed_at: Option<Instant>,
+}
+
+/// The first wait before a failed hydration is tried again; it doubles with each failure.
+const RETRY_FIRST: Duration = Duration::from_secs(5);
+const RETRY_MAX: Duration = Duration::from_secs(300);
+
+impl DatasetEntry {
+    /// Whether a failed hydration is still in its back-off, so a warm request must not start
+    /// another.
+    pub(crate) fn backing_off(&self) -> bool {
+        let wait = RETRY_FIRST
+            .saturating_mul(1 << self.failures.saturating_sub(1).min(16))
+            .min(RETRY_MAX);
+        self.failed_at.is_some_and(|at| at.elapsed() < wait)
+    }
 }
 
 #[derive(Default)]
@@ -129,6 +150,9 @@ impl Registry {
             bytes: None,
             progress: None,
             reason: None,
+            stale: false,
+            last_error: None,
+            refreshed_at: None,
         };
         let Some(entry) = self.datasets.get(name) else {
             return status;
@@ -137,16 +161,20 @@ impl Registry {
             status.state = State::Hydrating;
             status.snapshot = flight.info().snapshot.clone();
             status.progress = Some(flight.progress());
-        } else if let Some(reason) = &entry.failure {
-            status.state = State::Failed;
-            status.reason = Some(reason.to_string());
         } else if let Some(digest) = &entry.current {
+            // What is held is served even when the source cannot be reached.
             let ready = &entry.ready[digest];
             status.state = State::Ready;
             status.path = Some(snapshot_dir(root, name, digest).display().to_string());
             status.snapshot = Some(digest.clone());
             status.objects = Some(ready.objects);
             status.bytes = Some(ready.bytes);
+            status.stale = entry.failure.is_some();
+            status.last_error = entry.failure.as_ref().map(ToString::to_string);
+            status.refreshed_at = entry.refreshed_at.clone();
+        } else if let Some(reason) = &entry.failure {
+            status.state = State::Failed;
+            status.reason = Some(reason.to_string());
         }
         status
     }

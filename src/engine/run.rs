@@ -379,19 +379,20 @@ async fn finish(cfg: &SyncConfig, run: Prepared, mirrored: Mirrored, started: In
     let complete = fatal.is_none() && !any_failed;
     let delete = complete && cfg.delete;
     let in_scope = |path: &str| run.filter.accepts(path);
-    let folded = manifest.fold(
-        listed.filter(|_| complete),
-        delete.then_some(&in_scope as &dyn Fn(&str) -> bool),
-    );
-    let folded = match folded {
-        Ok(folded) => Some(folded),
-        Err(err) => {
-            let err = LocalError::new("recording the manifest in", &state_path, err);
-            fatal.get_or_insert(err.into());
-            None
-        }
+    // A run cut short leaves its journal for the next run to fold, so stopping stays quick.
+    let forget_unlisted = delete.then_some(&in_scope as &dyn Fn(&str) -> bool);
+    let folded = match fatal.is_none() {
+        false => None,
+        true => match manifest.fold(listed.filter(|_| complete), forget_unlisted) {
+            Ok(folded) => Some(folded),
+            Err(err) => {
+                let err = LocalError::new("recording the manifest in", &state_path, err);
+                fatal = Some(err.into());
+                None
+            }
+        },
     };
-    if let (true, Some(_)) = (delete && fatal.is_none(), &folded) {
+    if delete && folded.is_some() {
         match prune::remove_unlisted(&ctx.write.dest, manifest, &run.filter, &cfg.source.prefix) {
             Ok(removed) => stats.files_deleted.store(removed, Relaxed),
             Err(err) => {

@@ -17,12 +17,13 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::fs::File;
 use std::io::{self, BufReader, Seek, SeekFrom};
+use std::time::Instant;
 
 use super::base::{BaseReader, BaseWriter, BASE};
 use super::journal::{self, JournalWriter, Record, RecordReader, SourceInfo};
 use super::listed::ListedReader;
 use super::ready::DatasetDigest;
-use super::{apply, JOURNAL};
+use super::{apply, ObjectState, JOURNAL};
 use crate::fs::{self, Dir, OFlags};
 
 /// Journal records sorted in memory at a time (a few hundred bytes each); a handful in unit
@@ -37,63 +38,49 @@ pub(crate) struct Folded {
     pub digest: blake3::Hash,
     pub objects: u64,
     pub bytes: u64,
+    /// Objects in the new base.
+    pub kept: u64,
 }
 
-/// Writes the new base from `base`, the records of `journal` (whose header the caller has
-/// checked) and `listed`, then empties the journal. `forget_unlisted` says which unlisted
-/// objects (by path) to drop.
+/// Writes the new base from `base` (with the source its header names), the records of
+/// `journal` (whose header the caller has checked) and `listed`, then empties the journal.
+/// `forget_unlisted` says which unlisted objects (by path) to drop. When nothing would change,
+/// the base is only read (a warm run rewrites nothing).
 pub(crate) fn fold(
     dir: &Dir,
     source: &SourceInfo,
-    mut base: Option<BaseReader>,
+    base: Option<(SourceInfo, BaseReader)>,
     journal: Option<&mut File>,
-    mut listed: Option<ListedReader>,
+    listed: Option<ListedReader>,
     forget_unlisted: Option<&dyn Fn(&str) -> bool>,
 ) -> io::Result<Folded> {
-    let mut changes = match journal {
+    let started = Instant::now();
+    let (base_source, base) = base.unzip();
+    let changes = match journal {
         Some(file) => SortedChanges::sort(dir, file)?,
         None => SortedChanges::default(),
     };
-    let mut base_head = next_object(&mut base)?;
-    let mut listed_head = next_listed(&mut listed)?;
-    let mut digest = DatasetDigest::default();
-    let (mut objects, mut bytes) = (0, 0);
-    fs::write_atomic(dir, BASE, |tmp| {
-        let mut out = BaseWriter::new(tmp.try_clone()?, source)?;
-        loop {
-            let key = match (&base_head, changes.peek_key()) {
-                (None, None) => break,
-                (Some((a, _)), Some(b)) => a.as_str().min(b).to_string(),
-                (Some((a, _)), None) => a.clone(),
-                (None, Some(b)) => b.to_string(),
-            };
-            let mut state = None;
-            if base_head.as_ref().is_some_and(|(head, _)| *head == key) {
-                state = base_head.take().map(|(_, state)| state);
-                base_head = next_object(&mut base)?;
-            }
-            while let Some(record) = changes.next_for(&key)? {
-                apply(&mut state, record);
-            }
-            let Some(state) = state else {
-                continue;
-            };
-            while listed_head.as_ref().is_some_and(|head| *head < key) {
-                listed_head = next_listed(&mut listed)?;
-            }
-            let is_listed = listed_head.as_ref() == Some(&key);
-            if !is_listed && forget_unlisted.is_some_and(|forget| forget(&state.path)) {
-                continue;
-            }
-            out.push(&key, &state)?;
-            if let (true, Some(done)) = (is_listed, state.complete) {
-                digest.add(&state.path, state.size, &done.blake3);
-                objects += 1;
-                bytes += state.size;
-            }
+    let unchanged = changes.order.is_empty()
+        && forget_unlisted.is_none()
+        && base_source.as_ref() == Some(source);
+    let mut merge = Merge {
+        base,
+        changes,
+        listed,
+        forget_unlisted,
+    };
+    let folded = match unchanged {
+        true => merge.run(&mut |_, _| Ok(()))?,
+        false => {
+            let mut folded = None;
+            fs::write_atomic(dir, BASE, |tmp| {
+                let mut out = BaseWriter::new(tmp.try_clone()?, source)?;
+                folded = Some(merge.run(&mut |key, state| out.push(key, state))?);
+                out.finish()
+            })?;
+            folded.expect("the base was written")
         }
-        out.finish()
-    })?;
+    };
     fs::write_atomic(dir, JOURNAL, |tmp| {
         let mut out = JournalWriter::new(tmp.try_clone()?);
         out.append(&Record::Header {
@@ -102,14 +89,80 @@ pub(crate) fn fold(
         })?;
         out.flush()
     })?;
-    Ok(Folded {
-        digest: digest.finish(),
-        objects,
-        bytes,
-    })
+    tracing::info!(
+        objects = folded.kept,
+        rewritten = !unchanged,
+        "manifest folded in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(folded)
 }
 
-fn next_object(base: &mut Option<BaseReader>) -> io::Result<Option<(String, super::ObjectState)>> {
+/// The three ascending streams a fold walks together.
+struct Merge<'a> {
+    base: Option<BaseReader>,
+    changes: SortedChanges,
+    listed: Option<ListedReader>,
+    forget_unlisted: Option<&'a dyn Fn(&str) -> bool>,
+}
+
+impl Merge<'_> {
+    /// Hands every object of the new base to `keep`, in key order.
+    fn run(
+        &mut self,
+        keep: &mut dyn FnMut(&str, &ObjectState) -> io::Result<()>,
+    ) -> io::Result<Folded> {
+        let mut base_head = next_object(&mut self.base)?;
+        let mut listed_head = next_listed(&mut self.listed)?;
+        let mut digest = DatasetDigest::default();
+        let (mut objects, mut bytes, mut kept) = (0, 0, 0);
+        loop {
+            let key = match (&base_head, self.changes.peek_key()) {
+                (None, None) => break,
+                (Some((a, _)), Some(b)) => a.as_str().min(b).to_string(),
+                (Some((a, _)), None) => a.clone(),
+                (None, Some(b)) => b.to_string(),
+            };
+            let mut state = None;
+            if base_head.as_ref().is_some_and(|(head, _)| *head == key) {
+                state = base_head.take().map(|(_, state)| state);
+                base_head = next_object(&mut self.base)?;
+            }
+            while let Some(record) = self.changes.next_for(&key)? {
+                apply(&mut state, record);
+            }
+            let Some(state) = state else {
+                continue;
+            };
+            while listed_head.as_ref().is_some_and(|head| *head < key) {
+                listed_head = next_listed(&mut self.listed)?;
+            }
+            let is_listed = listed_head.as_ref() == Some(&key);
+            if !is_listed
+                && self
+                    .forget_unlisted
+                    .is_some_and(|forget| forget(&state.path))
+            {
+                continue;
+            }
+            keep(&key, &state)?;
+            kept += 1;
+            if let (true, Some(done)) = (is_listed, state.complete) {
+                digest.add(&state.path, state.size, &done.blake3);
+                objects += 1;
+                bytes += state.size;
+            }
+        }
+        Ok(Folded {
+            digest: digest.finish(),
+            objects,
+            bytes,
+            kept,
+        })
+    }
+}
+
+fn next_object(base: &mut Option<BaseReader>) -> io::Result<Option<(String, ObjectState)>> {
     match base {
         Some(reader) => reader.next_object(),
         None => Ok(None),

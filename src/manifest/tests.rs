@@ -203,12 +203,52 @@ fn in_flight_objects_follow_their_records_and_others_stay_on_disk() {
 }
 
 #[test]
-fn a_manifest_of_another_source_is_set_aside() {
+fn another_prefix_sets_the_manifest_aside_and_another_endpoint_does_not() {
     let dir = tempfile::tempdir().unwrap();
     let manifest = open(&dir);
     publish(&manifest, "k", 1);
     manifest.fold(None, None).unwrap();
     drop(manifest);
+    let moved = SourceInfo {
+        endpoint: Some("http://gateway-2:3900".into()),
+        ..source("")
+    };
+    let reopened = Manifest::open(Dir::open(dir.path()).unwrap(), &moved).unwrap();
+    assert_eq!(
+        base(&reopened).len(),
+        1,
+        "the same bucket and prefix elsewhere"
+    );
+    let (header, _) = base::BaseReader::open(&Dir::open(dir.path()).unwrap())
+        .unwrap()
+        .unwrap();
+    assert_eq!(header, moved, "the header names the address in use");
+    drop(reopened);
     let other = Manifest::open(Dir::open(dir.path()).unwrap(), &source("p/")).unwrap();
     assert!(base(&other).is_empty());
+}
+
+#[test]
+fn a_fold_with_nothing_to_change_only_reads_the_base() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = open(&dir);
+    publish(&manifest, "k", 1);
+    let inode = || {
+        std::fs::metadata(dir.path().join(base::BASE))
+            .unwrap()
+            .ino()
+    };
+    manifest.fold(None, None).unwrap();
+    let written = inode();
+    let folded = manifest.fold(Some(listed(&dir, &["k"])), None).unwrap();
+    assert_eq!(
+        (inode(), folded.objects),
+        (written, 1),
+        "warm: read, not rewritten"
+    );
+    manifest.forget("k").unwrap();
+    manifest.fold(None, None).unwrap();
+    assert_ne!(inode(), written, "a change rewrites it");
+    assert!(base(&manifest).is_empty());
 }

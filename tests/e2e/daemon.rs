@@ -284,24 +284,30 @@ on_both_servers!(
     "daemon-snapshot/"
 );
 
+/// The dataset `name`: one 24 MiB object whose second part stalls for a minute after 1 MiB,
+/// so a hydration of it is busy for as long as a test needs. Returns its files and a catalog.
+fn stalled_dataset(
+    server: &Server,
+    dir: &Path,
+    name: &str,
+    seed: u64,
+) -> (BTreeMap<String, Vec<u8>>, String) {
+    let prefix = format!("{name}/");
+    let data = files(&[("big.bin", content(seed, 24 * MIB))]);
+    server.seed(&prefix, &data);
+    server
+        .faults
+        .add(Rule::get("big.bin", Fault::StallBody(MIB, Duration::from_secs(60))).skip(1));
+    let text = catalog(dir, &server.target, "1GiB", "", &[dataset(name, &prefix)]);
+    (data, text)
+}
+
 #[test]
 fn a_daemon_killed_mid_hydration_resumes_on_restart() {
     let server = Server::local();
     let dir = tempfile::tempdir().unwrap();
     let size = 24 * MIB;
-    let data = files(&[("big.bin", content(9, size))]);
-    server.seed("k/", &data);
-    // The second part stalls, long past the kill.
-    server
-        .faults
-        .add(Rule::get("big.bin", Fault::StallBody(MIB, Duration::from_secs(60))).skip(1));
-    let text = catalog(
-        dir.path(),
-        &server.target,
-        "1GiB",
-        "",
-        &[dataset("k", "k/")],
-    );
+    let (data, text) = stalled_dataset(&server, dir.path(), "k", 9);
     let daemon = Daemon::start(dir.path(), &server.target, &text);
     let (code, _) = daemon.request("POST", "/v1/datasets/k/warm", "");
     assert_eq!(code, 202);
@@ -512,6 +518,8 @@ fn warm_falls_back_to_a_direct_sync_when_no_daemon_answers() {
             "--wait",
             "--daemon",
             &socket,
+            "--daemon-wait",
+            "0",
             "--progress",
             "none",
         ])
@@ -531,10 +539,174 @@ fn warm_falls_back_to_a_direct_sync_when_no_daemon_answers() {
     );
     assert_mirror(&dest, &data);
 
+    // Without a fallback, an absent daemon is asked again for --daemon-wait, then it fails.
+    let started = std::time::Instant::now();
     let output = crate::support::hydrator_command(&server.target)
-        .args(["warm", "f", "--wait", "--daemon", &socket])
+        .args([
+            "warm",
+            "f",
+            "--wait",
+            "--daemon",
+            &socket,
+            "--daemon-wait",
+            "2",
+        ])
         .output()
         .unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
     assert_eq!(output.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&output.stderr).contains("no daemon answers"));
+}
+
+#[test]
+fn a_ready_dataset_is_served_while_the_store_is_down_and_after_a_restart() {
+    let server = Server::local();
+    let held = dataset_files(40, 3, 100 << 10);
+    server.seed("outage/held/", &held);
+    let dir = tempfile::tempdir().unwrap();
+    let specs = |refresh_seconds| {
+        [
+            DatasetSpec {
+                refresh_seconds,
+                ..dataset("held", "outage/held/")
+            },
+            dataset("never", "outage/never/"),
+        ]
+    };
+    let text = catalog(dir.path(), &server.target, "1GiB", "", &specs(1));
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    assert_ok(&daemon.warm("held", &[]), &daemon);
+    let path = daemon.status("held")["path"].as_str().unwrap().to_string();
+
+    // The store goes down; the refresh interval has passed, so the next warm lists again.
+    server
+        .faults
+        .add(Rule::listing(Fault::DropConnection).times(usize::MAX));
+    std::thread::sleep(Duration::from_millis(1100));
+    let warm = daemon.warm("held", &[]);
+    assert_ok(&warm, &daemon);
+    assert!(server.faults.served() > 0, "the refresh did try the store");
+    let status = daemon.status("held");
+    assert_eq!(status["state"], "ready", "{status}");
+    assert_eq!(status["stale"], true, "{status}");
+    assert_eq!(status["path"], path.as_str());
+    assert!(status["last_error"].as_str().is_some(), "{status}");
+    assert!(status["refreshed_at"].as_str().is_some(), "{status}");
+    assert_mirror(Path::new(&path), &held);
+
+    // Nothing held: the warm fails with the reason, and a second one within the back-off
+    // answers at once without trying the store again.
+    let absent = daemon.warm("never", &[]);
+    assert!(!absent.status.success(), "{}", stdout(&absent));
+    let reason = daemon.status("never")["reason"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(!reason.is_empty());
+    let tried = server.faults.served();
+    let again = daemon.warm("never", &[]);
+    assert!(!again.status.success());
+    assert_eq!(server.faults.served(), tried, "backing off, no new listing");
+    // Within its back-off too, the held one is served without a listing.
+    assert_ok(&daemon.warm("held", &[]), &daemon);
+    assert_eq!(server.faults.served(), tried);
+
+    // A restarted daemon serves what it holds before listing anything.
+    let (status, _) = daemon.terminate();
+    assert!(status.success());
+    let text = catalog(dir.path(), &server.target, "1GiB", "", &specs(3600));
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    let served = server.faults.served();
+    assert_ok(&daemon.warm("held", &[]), &daemon);
+    assert_eq!(server.faults.served(), served, "no listing before serving");
+    let status = daemon.status("held");
+    assert_eq!(status["state"], "ready", "{status}");
+    assert_eq!(status["path"], path.as_str());
+}
+
+#[test]
+fn warm_rides_through_a_daemon_restart_in_the_middle_of_its_wait() {
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    let (big, text) = stalled_dataset(&server, dir.path(), "roll", 5);
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    let waiting = daemon
+        .warm_command("roll", &[])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_progress(&daemon, "roll", 17 * MIB as u64);
+    let (status, _) = daemon.terminate();
+    assert!(status.success());
+    // The socket is gone for a while, as during a rollout.
+    std::thread::sleep(Duration::from_secs(2));
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    let output = waiting.wait_with_output().unwrap();
+    assert_ok(&output, &daemon);
+    assert_mirror(Path::new(&stdout(&output)), &big);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("asking again"), "{stderr}");
+}
+
+#[test]
+fn a_permission_error_is_not_a_missing_daemon_and_a_silent_one_cannot_hang_warm() {
+    use std::os::unix::process::CommandExt;
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    let text = catalog(
+        dir.path(),
+        &server.target,
+        "1GiB",
+        "",
+        &[dataset("p", "p/")],
+    );
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    let dest = dir.path().join("fallback-dest");
+    let url = format!("s3://{}/p/", server.target.bucket);
+    // Another user, who may not open the daemon's socket.
+    let output = crate::support::hydrator_command(&server.target)
+        .args(["warm", "p", "--wait", "--daemon"])
+        .arg(format!("unix://{}", daemon.socket.display()))
+        .arg("--fallback")
+        .arg(&url)
+        .arg(&dest)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("not allowed"), "{stderr}");
+    assert!(!dest.exists(), "no direct download on a permission error");
+
+    // A socket that accepts and never answers.
+    let silent = dir.path().join("silent.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&silent).unwrap();
+    let held = std::thread::spawn(move || {
+        let mut open = Vec::new();
+        for stream in listener.incoming().take(4) {
+            open.push(stream);
+        }
+        std::thread::sleep(Duration::from_secs(30));
+    });
+    let started = std::time::Instant::now();
+    let output = crate::support::hydrator_command(&server.target)
+        .args(["warm", "p", "--wait", "--timeout", "3", "--daemon"])
+        .arg(format!("unix://{}", silent.display()))
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(output.status.code(), Some(1));
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("no answer within"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    drop(held);
 }

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use crate::support::faults::{Fault, Rule};
 use crate::support::{
-    assert_mirror, content, files, hydrator_command, temp_dest, wait_until, Server, MIB,
+    assert_mirror, content, files, hydrator_command, hydrator_sync, temp_dest, wait_until, Server,
+    MIB,
 };
 
 /// `hydrator sync s3://BUCKET/PREFIX DEST` against `server`, without progress output.
@@ -117,6 +118,44 @@ fn sigterm_stops_a_sync_with_exit_3_and_the_next_run_resumes() {
 #[test]
 fn sigint_stops_a_sync_with_exit_3_and_the_next_run_resumes() {
     check_signal_stops_and_resumes(libc::SIGINT);
+}
+
+#[test]
+fn a_resume_after_kill_9_through_another_endpoint_url_keeps_the_durable_parts() {
+    let server = Server::local();
+    let expected = files(&[
+        ("big.bin", content(73, 24 * MIB)),
+        ("small.txt", content(74, 100)),
+    ]);
+    server.seed("moved/", &expected);
+    server
+        .faults
+        .add(Rule::get("big.bin", Fault::StallBody(MIB, Duration::from_secs(60))).skip(1));
+    let (_dir, dest) = temp_dest();
+    let mut child = spawn_sync(&server, "moved/", &dest, &dest.with_extension("json"), &[]);
+    wait_for_parts_written(&dest.join(".big.bin.partial"), &expected["big.bin"]);
+    let journal = dest.join(".hydrator/manifest.journal");
+    wait_until("durable parts recorded", Duration::from_secs(20), || {
+        std::fs::read(&journal).is_ok_and(|bytes| {
+            let needle = b"\"type\":\"parts\"";
+            bytes.windows(needle.len()).any(|w| w == needle)
+        })
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    // The same store and bucket through another address.
+    let mut other = server.target.clone();
+    other.endpoint = other.endpoint.replace("127.0.0.1", "localhost");
+    let url = format!("s3://{}/moved/", other.bucket);
+    let rerun = hydrator_sync(&other, &url, &dest, &[]);
+    rerun.assert_code(0);
+    assert_mirror(&dest, &expected);
+    assert!(
+        rerun.count("bytes", "resumed") >= 8 * MIB as u64,
+        "the durable parts are kept: {}",
+        rerun.report()["bytes"]
+    );
 }
 
 /// A filesystem mounted for one test, unmounted when dropped. Mounting needs root, which CI
