@@ -70,13 +70,13 @@ impl Daemon {
         self.registry.lock().expect("registry lock")
     }
 
-    /// Writes leases and last-use times; a failure is logged (the next change writes again).
-    pub(crate) fn save_state(&self) {
+    /// Writes leases and last-use times; a failure is logged (the next change writes again)
+    /// and returned, for a caller whose request it was.
+    pub(crate) fn save_state(&self) -> std::io::Result<()> {
         let _saving = self.saving.lock().expect("save lock");
         let persisted = self.registry().persisted();
-        if let Err(err) = registry::save(&self.root, &persisted) {
-            tracing::error!("saving the daemon state: {err}");
-        }
+        registry::save(&self.root, &persisted)
+            .inspect_err(|err| tracing::error!("saving the daemon state: {err}"))
     }
 
     pub(crate) fn render_metrics(&self) -> String {
@@ -175,7 +175,7 @@ pub(crate) async fn run(catalog_path: &Path) -> Result<Exit, SyncError> {
         stop: watch::channel(false).0,
         io_backend,
     });
-    daemon.save_state();
+    let _ = daemon.save_state(); // logged; the next change writes again
     {
         let mut registry = daemon.registry();
         for (name, snapshot) in resumable {
@@ -219,7 +219,7 @@ pub(crate) async fn run(catalog_path: &Path) -> Result<Exit, SyncError> {
         controller.abort();
     }
     servers.stop().await;
-    daemon.save_state();
+    let _ = daemon.save_state(); // logged; the next change writes again
     tracing::info!("stopped");
     Ok(Exit::Success)
 }

@@ -20,6 +20,8 @@ use super::Daemon;
 
 /// Longest holder id (a pod UID is 36 characters).
 const MAX_HOLDER_LEN: usize = 253;
+/// How long `/healthz` waits for the registry.
+const HEALTH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 type Shared = State<Arc<Daemon>>;
 
@@ -38,7 +40,7 @@ pub(crate) fn router(daemon: Arc<Daemon>, require_token: bool) -> Router {
         v1 = v1.layer(middleware::from_fn_with_state(daemon.clone(), check_token));
     }
     Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .merge(v1)
@@ -75,6 +77,27 @@ async fn check_token(State(daemon): Shared, request: Request, next: Next) -> Res
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A lease change the daemon holds but could not make durable: the caller must not rely on it.
+fn unsaved(err: std::io::Error) -> Response {
+    error(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        format!("the lease changed but saving the daemon state failed: {err}"),
+    )
+}
+
+/// Alive when the registry answers: a lock held too long (a stuck task) or poisoned (a panic
+/// while holding it) means the daemon can no longer serve.
+async fn healthz(State(daemon): Shared) -> Response {
+    let probe = tokio::task::spawn_blocking(move || daemon.registry.lock().is_ok());
+    match tokio::time::timeout(HEALTH_TIMEOUT, probe).await {
+        Ok(Ok(true)) => "ok\n".into_response(),
+        _ => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the registry does not answer",
+        ),
+    }
 }
 
 async fn readyz(State(daemon): Shared) -> Response {
@@ -191,7 +214,8 @@ async fn take_lease(
     }
     let ttl = request
         .ttl_seconds
-        .unwrap_or(catalog.cache.default_lease_ttl.as_secs());
+        .unwrap_or(catalog.cache.default_lease_ttl.as_secs())
+        .min(catalog.cache.max_lease_ttl.as_secs());
     if ttl == 0 {
         return error(StatusCode::BAD_REQUEST, "ttl_seconds must be at least 1");
     }
@@ -200,10 +224,10 @@ async fn take_lease(
         .registry()
         .lease(&name, &holder, request.snapshot.as_deref(), expires_at);
     match taken {
-        Ok(lease) => {
-            daemon.save_state();
-            Json(lease).into_response()
-        }
+        Ok(lease) => match daemon.save_state() {
+            Ok(()) => Json(lease).into_response(),
+            Err(err) => unsaved(err),
+        },
         Err(LeaseRefused::NotReady) => error(
             StatusCode::CONFLICT,
             format!("dataset {name:?} has no ready snapshot to lease; warm it first"),
@@ -224,10 +248,10 @@ async fn release_lease(
         .leases
         .remove(&(name.clone(), holder.clone()));
     match removed {
-        Some(_) => {
-            daemon.save_state();
-            StatusCode::NO_CONTENT.into_response()
-        }
+        Some(_) => match daemon.save_state() {
+            Ok(()) => StatusCode::NO_CONTENT.into_response(),
+            Err(err) => unsaved(err),
+        },
         None => error(
             StatusCode::NOT_FOUND,
             format!("{holder:?} holds no lease on {name:?}"),

@@ -18,6 +18,8 @@ use crate::source::url::S3Url;
 const DEFAULT_SOCKET_MODE: u32 = 0o660;
 const DEFAULT_PARALLEL_HYDRATIONS: usize = 2;
 const DEFAULT_LEASE_TTL: u64 = 3600;
+/// The longest lease a caller can take: a day, so a lost holder pins nothing for long.
+const DEFAULT_MAX_LEASE_TTL: u64 = 86_400;
 const DEFAULT_REFRESH: u64 = 60;
 const DEFAULT_MAINTENANCE_INTERVAL: u64 = 30;
 
@@ -44,6 +46,8 @@ struct RawCache {
     concurrency: Option<String>,
     #[serde(default)]
     default_lease_ttl_seconds: Option<u64>,
+    #[serde(default)]
+    max_lease_ttl_seconds: Option<u64>,
     #[serde(default)]
     maintenance_interval_seconds: Option<u64>,
 }
@@ -91,17 +95,31 @@ pub(crate) struct Cache {
     /// Requests in flight across all hydrations (default: auto).
     pub concurrency: config::Concurrency,
     pub default_lease_ttl: Duration,
+    /// Longer leases are cut to this.
+    pub max_lease_ttl: Duration,
     /// How often leases expire and the quota is enforced.
     pub maintenance_interval: Duration,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub(crate) struct Listen {
     pub socket: Option<PathBuf>,
     pub socket_mode: u32,
     pub tcp: Option<SocketAddr>,
     /// The bearer token TCP callers must send (read from `token_file`).
     pub token: Option<String>,
+}
+
+/// The token never reaches a log or a panic message.
+impl std::fmt::Debug for Listen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listen")
+            .field("socket", &self.socket)
+            .field("socket_mode", &format_args!("{:o}", self.socket_mode))
+            .field("tcp", &self.tcp)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -234,18 +252,33 @@ fn cache(raw: RawCache, problems: &mut Vec<String>) -> Cache {
         }
         Duration::from_secs(value)
     };
+    let default_lease_ttl = seconds(
+        raw.default_lease_ttl_seconds,
+        DEFAULT_LEASE_TTL,
+        "default_lease_ttl_seconds",
+        problems,
+    );
+    let max_lease_ttl = seconds(
+        raw.max_lease_ttl_seconds,
+        DEFAULT_MAX_LEASE_TTL.max(default_lease_ttl.as_secs()),
+        "max_lease_ttl_seconds",
+        problems,
+    );
+    if default_lease_ttl > max_lease_ttl {
+        problems.push(format!(
+            "cache.default_lease_ttl_seconds {} is longer than max_lease_ttl_seconds {}",
+            default_lease_ttl.as_secs(),
+            max_lease_ttl.as_secs()
+        ));
+    }
     Cache {
         root: raw.root,
         quota,
         free_space_floor,
         parallel_hydrations,
         concurrency,
-        default_lease_ttl: seconds(
-            raw.default_lease_ttl_seconds,
-            DEFAULT_LEASE_TTL,
-            "default_lease_ttl_seconds",
-            problems,
-        ),
+        default_lease_ttl,
+        max_lease_ttl,
         maintenance_interval: seconds(
             raw.maintenance_interval_seconds,
             DEFAULT_MAINTENANCE_INTERVAL,
@@ -430,6 +463,19 @@ mod tests {
         assert!(imagenet.prewarm);
         assert!(catalog.datasets["coco"].credentials.is_none());
         assert_eq!(catalog.datasets["coco"].refresh, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn secrets_stay_out_of_debug_output() {
+        let mut catalog = parse(GOOD, env).unwrap();
+        catalog.listen.token = Some("the-token-value".into());
+        let printed = format!("{catalog:?}");
+        assert!(
+            printed.contains("KEY-value"),
+            "the access key id is not secret"
+        );
+        assert!(!printed.contains("SECRET-value"), "{printed}");
+        assert!(!printed.contains("the-token-value"), "{printed}");
     }
 
     #[test]

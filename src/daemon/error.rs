@@ -30,6 +30,8 @@ pub(crate) enum HydrationError {
     },
     #[error("the hydration did not complete")]
     Incomplete,
+    #[error("the hydration task panicked: {0}")]
+    Panicked(String),
 }
 
 /// Why the cache cannot make room.

@@ -36,7 +36,7 @@ pub(crate) async fn maintain(daemon: &Arc<Daemon>) {
     let expired = daemon.registry().expire_leases(registry::now_unix());
     if expired > 0 {
         tracing::info!("{expired} leases expired");
-        daemon.save_state();
+        let _ = daemon.save_state(); // logged; the next change writes again
     }
     let _space = daemon.space.lock().await;
     if let Err(why) = make_room(daemon, 0).await {
@@ -180,7 +180,7 @@ async fn evict(daemon: &Arc<Daemon>, candidate: &Candidate, pressure: Pressure) 
     let (name, digest) = (name.clone(), digest.clone());
     blocking(move || remove_snapshot(&root, &name, &digest)).await?;
     daemon.metrics.evicted(pressure);
-    daemon.save_state();
+    let _ = daemon.save_state(); // logged; the next change writes again
     Ok(())
 }
 

@@ -5,7 +5,10 @@
 //! the rest and runs the sync engine into `ROOT/<name>/<digest>/` under the daemon's shared
 //! request and buffer budget.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+
+use futures::FutureExt;
 
 use super::catalog::Dataset;
 use super::error::HydrationError;
@@ -74,10 +77,23 @@ pub(crate) fn start(
     let receiver = flight.done.subscribe();
     let (daemon, name) = (daemon.clone(), name.to_string());
     tokio::spawn(async move {
-        let result = hydrate(&daemon, &name, &dataset, &flight, resume).await;
+        // A panic is a failed hydration, never a dataset left `hydrating` forever.
+        let hydration = hydrate(&daemon, &name, &dataset, &flight, resume);
+        let result = AssertUnwindSafe(hydration)
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|panic| Err(HydrationError::Panicked(panic_message(&*panic))));
         finish(&daemon, &name, &flight, result);
     });
     receiver
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".into())
 }
 
 /// Books the end of a hydration and wakes its waiters.
@@ -121,7 +137,7 @@ fn finish(daemon: &Daemon, name: &str, flight: &Flight, result: Result<Done, Hyd
             }
         }
     }
-    daemon.save_state();
+    let _ = daemon.save_state(); // logged; the next change writes again
     flight.done.send_replace(true);
 }
 

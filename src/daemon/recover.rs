@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use super::catalog::Catalog;
 use super::evict;
-use super::registry::{self, ReadySnapshot, Registry, DAEMON_DIR};
+use super::registry::{self, Persisted, ReadySnapshot, Registry, DAEMON_DIR};
 use crate::manifest::ready;
 use crate::snapshot::Snapshot;
 use crate::write::dest::Dest;
@@ -21,8 +21,12 @@ pub(crate) type Resumable = Vec<(String, Arc<Snapshot>)>;
 pub(crate) fn scan(root: &Path, catalog: &Catalog) -> io::Result<(Registry, Resumable)> {
     std::fs::create_dir_all(root.join(DAEMON_DIR))?;
     evict::empty_trash(root)?;
-    let persisted = registry::load(root);
     let mut registry = Registry::default();
+    let persisted = registry::load(root).unwrap_or_else(|| {
+        let until = registry::now_unix() + catalog.cache.max_lease_ttl.as_secs();
+        registry.leases_unknown_until = Some(until);
+        Persisted::default()
+    });
     let mut resume = Vec::new();
     for dataset_dir in std::fs::read_dir(root)? {
         let dataset_dir = dataset_dir?;

@@ -129,6 +129,9 @@ pub(crate) struct Registry {
     pub datasets: BTreeMap<String, DatasetEntry>,
     /// By (dataset, holder).
     pub leases: BTreeMap<(String, String), Lease>,
+    /// Unix seconds: `state.json` could not be read at start, so the leases it held are
+    /// unknown and nothing is evicted before this (the longest lease a caller can take).
+    pub leases_unknown_until: Option<u64>,
 }
 
 /// Why a lease cannot be taken.
@@ -181,6 +184,9 @@ impl Registry {
 
     /// Whether the snapshot must stay: leased, being hydrated, or linked from.
     pub(crate) fn pinned(&self, name: &str, digest: &str, now: u64) -> bool {
+        if self.leases_unknown_until.is_some_and(|until| until > now) {
+            return true;
+        }
         let leased = self
             .leases
             .values()
@@ -271,26 +277,30 @@ pub(crate) fn save(root: &Path, state: &Persisted) -> io::Result<()> {
     fs::write_atomic_path(&path, |file| Ok(serde_json::to_writer(file, state)?))
 }
 
-/// Reads `state.json`; a missing or unreadable one is an empty state (logged).
-pub(crate) fn load(root: &Path) -> Persisted {
+/// Reads `state.json`; a missing one is an empty state. One that cannot be read or parsed is
+/// `None`: the leases it held are unknown. An unparsable one is renamed to
+/// `state.json.corrupt-<unix seconds>`, for a person to look at, and never overwritten.
+pub(crate) fn load(root: &Path) -> Option<Persisted> {
     let path = root.join(DAEMON_DIR).join(STATE_FILE);
-    match std::fs::read(&path) {
-        Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|err| {
-            tracing::warn!(
-                "{}: {err}; leases and last-use times start empty",
-                path.display()
-            );
-            Persisted::default()
-        }),
-        Err(err) if err.kind() == io::ErrorKind::NotFound => Persisted::default(),
-        Err(err) => {
-            tracing::warn!(
-                "{}: {err}; leases and last-use times start empty",
-                path.display()
-            );
-            Persisted::default()
-        }
-    }
+    let why = match std::fs::read(&path) {
+        Ok(bytes) => match serde_json::from_slice(&bytes) {
+            Ok(persisted) => return Some(persisted),
+            Err(err) => {
+                let aside = path.with_file_name(format!("{STATE_FILE}.corrupt-{}", now_unix()));
+                match std::fs::rename(&path, &aside) {
+                    Ok(()) => format!("{err}; set aside as {}", aside.display()),
+                    Err(rename) => format!("{err}; setting it aside failed: {rename}"),
+                }
+            }
+        },
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Some(Persisted::default()),
+        Err(err) => err.to_string(),
+    };
+    tracing::error!(
+        "{}: {why}; its leases are unknown, so nothing is evicted for the longest lease time",
+        path.display()
+    );
+    None
 }
 
 #[cfg(test)]

@@ -32,10 +32,20 @@ const MIN_RETRY_TOKENS: usize = 500;
 const DEFAULT_ENDPOINT_REGION: &str = "us-east-1";
 
 /// Static credentials, for the embedded demo server; the CLI uses the standard AWS chain.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct StaticCredentials {
     pub access_key: String,
     pub secret_key: String,
+}
+
+/// The secret never reaches a log or a panic message.
+impl std::fmt::Debug for StaticCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StaticCredentials")
+            .field("access_key", &self.access_key)
+            .field("secret_key", &"<redacted>")
+            .finish()
+    }
 }
 
 /// Where the S3 server is and how to talk to it.

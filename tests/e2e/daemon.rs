@@ -710,3 +710,68 @@ fn a_permission_error_is_not_a_missing_daemon_and_a_silent_one_cannot_hang_warm(
     );
     drop(held);
 }
+
+#[test]
+fn a_corrupt_state_file_evicts_nothing_and_over_long_leases_are_capped() {
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    server.seed("s/", &files(&[("data.bin", content(8, MIB))]));
+    let text = catalog(
+        dir.path(),
+        &server.target,
+        "1GiB",
+        "max_lease_ttl_seconds = 7200",
+        &[dataset("s", "s/")],
+    );
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    assert_ok(&daemon.warm("s", &[]), &daemon);
+    let path = daemon.status("s")["path"].as_str().unwrap().to_string();
+    // A lease for 584 billion years is cut to the catalog's bound.
+    let (code, body) = daemon.request(
+        "PUT",
+        "/v1/datasets/s/leases/forever",
+        r#"{"ttl_seconds": 18446744073709551615}"#,
+    );
+    assert_eq!(code, 200, "{body}");
+    let lease: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(
+        lease["expires_at"].as_u64().unwrap() <= now + 7200,
+        "{body}"
+    );
+    let (status, _) = daemon.terminate();
+    assert!(status.success());
+
+    // state.json is damaged; the restarted daemon has a quota that its snapshot exceeds.
+    let state = dir.path().join("cache/.daemon/state.json");
+    std::fs::write(&state, b"{\"leases\": [tor").unwrap();
+    let text = catalog(
+        dir.path(),
+        &server.target,
+        "1KiB",
+        "",
+        &[dataset("s", "s/")],
+    );
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    std::thread::sleep(Duration::from_secs(3)); // maintenance runs every second
+    assert!(
+        Path::new(&path).exists(),
+        "nothing evicted:\n{}",
+        daemon.log()
+    );
+    assert_eq!(daemon.status("s")["state"], "ready");
+    let aside: Vec<_> = std::fs::read_dir(dir.path().join("cache/.daemon"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("state.json.corrupt-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "set aside, not overwritten");
+    assert!(
+        daemon.log().contains("leases are unknown"),
+        "{}",
+        daemon.log()
+    );
+}
