@@ -25,6 +25,7 @@ pub(crate) mod metrics;
 pub(crate) mod protocol;
 mod recover;
 pub(crate) mod registry;
+mod serve;
 pub(crate) mod space;
 
 use std::collections::BTreeMap;
@@ -277,25 +278,12 @@ impl Listeners {
 
     fn serve(self, daemon: &Arc<Daemon>) -> Servers {
         let shutdown = watch::channel(false).0;
+        let header_timeout = daemon.catalog().listen.header_timeout;
         let mut tasks = Vec::new();
-        let stopped = |shutdown: &watch::Sender<bool>| {
-            let mut rx = shutdown.subscribe();
-            async move {
-                let _ = rx.wait_for(|stop| *stop).await;
-            }
-        };
         let mut socket = None;
         if let Some((listener, path)) = self.unix {
             let app = api::router(daemon.clone(), false);
-            let stop = stopped(&shutdown);
-            tasks.push(tokio::spawn(async move {
-                if let Err(err) = axum::serve(listener, app)
-                    .with_graceful_shutdown(stop)
-                    .await
-                {
-                    tracing::error!("unix socket server: {err}");
-                }
-            }));
+            tasks.push(spawn_server(listener, app, header_timeout, &shutdown));
             tracing::info!("listening on unix:{}", path.display());
             socket = Some(path);
         }
@@ -304,15 +292,7 @@ impl Listeners {
                 tracing::info!("listening on http://{addr} (bearer token required)");
             }
             let app = api::router(daemon.clone(), true);
-            let stop = stopped(&shutdown);
-            tasks.push(tokio::spawn(async move {
-                if let Err(err) = axum::serve(listener, app)
-                    .with_graceful_shutdown(stop)
-                    .await
-                {
-                    tracing::error!("TCP server: {err}");
-                }
-            }));
+            tasks.push(spawn_server(listener, app, header_timeout, &shutdown));
         }
         Servers {
             tasks,
@@ -320,6 +300,20 @@ impl Listeners {
             socket,
         }
     }
+}
+
+fn spawn_server<L: axum::serve::Listener>(
+    listener: L,
+    app: axum::Router,
+    header_timeout: std::time::Duration,
+    shutdown: &watch::Sender<bool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(serve::serve(
+        listener,
+        app,
+        header_timeout,
+        shutdown.subscribe(),
+    ))
 }
 
 impl Servers {

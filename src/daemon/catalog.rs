@@ -18,6 +18,7 @@ use crate::source::url::S3Url;
 const DEFAULT_SOCKET_MODE: u32 = 0o660;
 const DEFAULT_PARALLEL_HYDRATIONS: usize = 2;
 const DEFAULT_LEASE_TTL: u64 = 3600;
+const DEFAULT_HEADER_TIMEOUT: u64 = 10;
 /// The longest lease a caller can take: a day, so a lost holder pins nothing for long.
 const DEFAULT_MAX_LEASE_TTL: u64 = 86_400;
 const DEFAULT_REFRESH: u64 = 60;
@@ -59,6 +60,7 @@ struct RawListen {
     socket_mode: Option<String>,
     tcp: Option<String>,
     token_file: Option<PathBuf>,
+    header_timeout_seconds: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -108,6 +110,8 @@ pub(crate) struct Listen {
     pub tcp: Option<SocketAddr>,
     /// The bearer token TCP callers must send (read from `token_file`).
     pub token: Option<String>,
+    /// A connection whose request header has not arrived within this is closed.
+    pub header_timeout: Duration,
 }
 
 /// The token never reaches a log or a panic message.
@@ -118,6 +122,7 @@ impl std::fmt::Debug for Listen {
             .field("socket_mode", &format_args!("{:o}", self.socket_mode))
             .field("tcp", &self.tcp)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("header_timeout", &self.header_timeout)
             .finish()
     }
 }
@@ -314,7 +319,10 @@ fn listen(raw: RawListen, problems: &mut Vec<String>) -> Listen {
             None
         }
         (_, Some(file)) => match std::fs::read_to_string(file) {
-            Ok(token) if token.trim().len() >= 16 => Some(token.trim().to_string()),
+            Ok(token) if token.trim().len() >= 16 => {
+                warn_if_readable_by_others(file);
+                Some(token.trim().to_string())
+            }
             Ok(_) => {
                 problems.push(format!(
                     "listen.token_file {}: the token must be at least 16 characters",
@@ -332,11 +340,30 @@ fn listen(raw: RawListen, problems: &mut Vec<String>) -> Listen {
     if raw.socket.is_none() && raw.tcp.is_none() {
         problems.push("listen: give a socket, a tcp address or both".into());
     }
+    let header_timeout = raw.header_timeout_seconds.unwrap_or(DEFAULT_HEADER_TIMEOUT);
+    if header_timeout == 0 {
+        problems.push("listen.header_timeout_seconds must be at least 1".into());
+    }
     Listen {
         socket: raw.socket,
         socket_mode,
         tcp,
         token,
+        header_timeout: Duration::from_secs(header_timeout),
+    }
+}
+
+/// A token that other users on the node can read is not a secret.
+fn warn_if_readable_by_others(file: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(meta) = std::fs::metadata(file) {
+        if meta.permissions().mode() & 0o004 != 0 {
+            tracing::warn!(
+                "listen.token_file {} is readable by every user (mode {:o}); make it 0600 or 0640",
+                file.display(),
+                meta.permissions().mode() & 0o777
+            );
+        }
     }
 }
 

@@ -775,3 +775,63 @@ fn a_corrupt_state_file_evicts_nothing_and_over_long_leases_are_capped() {
         daemon.log()
     );
 }
+
+#[test]
+fn a_thousand_idle_and_half_sent_connections_are_closed_by_the_header_timeout() {
+    use std::io::{Read, Write};
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    let text = catalog(
+        dir.path(),
+        &server.target,
+        "1GiB",
+        "",
+        &[dataset("h", "h/")],
+    )
+    .replace("[listen]\n", "[listen]\nheader_timeout_seconds = 1\n");
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    raise_open_file_limit(4096);
+    let mut connections: Vec<std::os::unix::net::UnixStream> = (0..1000)
+        .map(|i| {
+            let mut stream = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
+            if i % 2 == 0 {
+                // Half a request, without a token and never finished.
+                stream
+                    .write_all(b"GET /v1/datasets HTTP/1.1\r\nHost: x\r\n")
+                    .unwrap();
+            }
+            stream
+        })
+        .collect();
+    for stream in &connections {
+        stream.set_nonblocking(true).unwrap();
+    }
+    let mut buf = [0u8; 64];
+    wait_until(
+        "every connection is closed",
+        Duration::from_secs(30),
+        || {
+            connections.iter_mut().all(|stream| {
+            !matches!(stream.read(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+        })
+        },
+    );
+    let open = std::fs::read_dir(format!("/proc/{}/fd", daemon.child.id()))
+        .unwrap()
+        .count();
+    assert!(open < 200, "the daemon still holds {open} descriptors");
+    assert_eq!(daemon.request("GET", "/readyz", "").0, 200);
+}
+
+fn raise_open_file_limit(want: u64) {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit with a valid struct.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
+        limit.rlim_cur = limit.rlim_cur.max(want.min(limit.rlim_max));
+        libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+    }
+}
