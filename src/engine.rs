@@ -21,7 +21,7 @@ mod limits;
 mod object;
 mod part;
 pub(crate) mod progress;
-mod retry;
+pub(crate) mod retry;
 mod run;
 pub(crate) mod stats;
 #[cfg(test)]

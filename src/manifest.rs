@@ -216,17 +216,10 @@ impl Manifest {
         let mut file = dir.open_file(JOURNAL, OFlags::RDWR | OFlags::CREATE)?;
         let (journal_source, has_records, intact) = {
             let mut records = journal::read_from_start(&mut file)?;
-            let header = match records.next_record()? {
-                Some(Record::Header {
-                    version: journal::FORMAT_VERSION,
-                    source,
-                }) => Some(source),
-                Some(_) => {
-                    tracing::warn!("the manifest journal has an unknown format; setting it aside");
-                    None
-                }
-                None => None,
-            };
+            let header = records.header()?;
+            if header.is_none() && records.count > 0 {
+                tracing::warn!("the manifest journal has an unknown format; setting it aside");
+            }
             let has_records = records.next_record()?.is_some();
             (header, has_records, records.intact)
         };
@@ -274,12 +267,9 @@ impl Manifest {
         let source = match BaseReader::open(&dir)? {
             Some((source, _)) => source,
             None => match dir.open_file(JOURNAL, OFlags::RDONLY) {
-                Ok(mut file) => match journal::read_from_start(&mut file)?.next_record()? {
-                    Some(Record::Header {
-                        version: journal::FORMAT_VERSION,
-                        source,
-                    }) => source,
-                    _ => return Ok(None),
+                Ok(mut file) => match journal::read_from_start(&mut file)?.header()? {
+                    Some(source) => source,
+                    None => return Ok(None),
                 },
                 Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
                 Err(err) => return Err(err),

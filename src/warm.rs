@@ -21,6 +21,7 @@ use hyper_util::rt::TokioIo;
 use crate::cli::WarmArgs;
 use crate::config::SyncConfig;
 use crate::daemon::protocol::{DatasetStatus, ErrorBody, Lease, LeaseRequest, State};
+use crate::engine::retry::Backoff;
 use crate::error::{Exit, IoContext, LeaseRefusal, SyncError, UsageError, WarmError};
 use crate::fs;
 use crate::source::url::S3Url;
@@ -29,9 +30,11 @@ use crate::units::human_bytes;
 const POLL_INTERVAL: Duration = Duration::from_millis(500);
 /// The longest one call may take, whatever `--timeout` leaves.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
-/// The first pause before asking an absent daemon again; it doubles up to `RECONNECT_MAX`.
-const RECONNECT_FIRST: Duration = Duration::from_millis(250);
-const RECONNECT_MAX: Duration = Duration::from_secs(5);
+/// Pauses before asking an absent daemon again.
+const RECONNECT: Backoff = Backoff {
+    first: Duration::from_millis(250),
+    cap: Duration::from_secs(5),
+};
 const PROGRESS_INTERVAL: Duration = Duration::from_secs(5);
 /// Times a lease is retried when its snapshot was replaced between ready and lease.
 const LEASE_ATTEMPTS: u32 = 3;
@@ -90,7 +93,7 @@ impl Client {
         body: Option<Vec<u8>>,
     ) -> Result<(StatusCode, Bytes), CallError> {
         let mut absent_since: Option<Instant> = None;
-        let mut pause = RECONNECT_FIRST;
+        let mut retries = 0;
         loop {
             let limit = self.deadline.map_or(CALL_TIMEOUT, |deadline| {
                 deadline
@@ -109,18 +112,19 @@ impl Client {
                 }
             };
             let waited = absent_since.get_or_insert_with(Instant::now).elapsed();
+            let pause = RECONNECT.ceiling(retries);
             let past_deadline = self.deadline.is_some_and(|d| Instant::now() + pause >= d);
             if waited >= self.daemon_wait || past_deadline {
                 return Err(CallError::Unreachable(why));
             }
-            if pause == RECONNECT_FIRST {
+            if retries == 0 {
                 eprintln!(
                     "hydrator: warm: no daemon answers yet ({why}); asking again for up to {} s",
                     self.daemon_wait.as_secs()
                 );
             }
             tokio::time::sleep(pause.min(self.daemon_wait - waited)).await;
-            pause = (pause * 2).min(RECONNECT_MAX);
+            retries += 1;
         }
     }
 

@@ -169,13 +169,7 @@ async fn warm(State(daemon): Shared, Path(name): Path<String>, bytes: Bytes) -> 
         return error(StatusCode::SERVICE_UNAVAILABLE, "the daemon is stopping");
     }
     let mut done = match flight::warm(&daemon, &name, &dataset) {
-        Warm::Known(status) => {
-            let code = match status.state {
-                DatasetState::Failed => StatusCode::INTERNAL_SERVER_ERROR,
-                _ => StatusCode::OK,
-            };
-            return (code, Json(status)).into_response();
-        }
+        Warm::Known(status) => return (warm_code(status.state), Json(status)).into_response(),
         Warm::Hydrating(done) => done,
     };
     if request.wait {
@@ -183,14 +177,19 @@ async fn warm(State(daemon): Shared, Path(name): Path<String>, bytes: Bytes) -> 
         let _ = done.wait_for(|ended| *ended).await;
     }
     let status = daemon.registry().status(&daemon.root, &name);
-    let code = match (status.state, request.wait) {
-        (DatasetState::Ready, _) => StatusCode::OK,
-        (DatasetState::Failed, _) => StatusCode::INTERNAL_SERVER_ERROR,
-        _ => StatusCode::ACCEPTED,
-    };
+    let code = warm_code(status.state);
     let location = HeaderValue::from_str(&format!("/v1/datasets/{name}"))
         .expect("catalog names are valid header values");
     (code, [(header::LOCATION, location)], Json(status)).into_response()
+}
+
+/// A warm answer's code: 200 ready (also stale), 500 failed, 202 still hydrating.
+fn warm_code(state: DatasetState) -> StatusCode {
+    match state {
+        DatasetState::Ready => StatusCode::OK,
+        DatasetState::Failed => StatusCode::INTERNAL_SERVER_ERROR,
+        _ => StatusCode::ACCEPTED,
+    }
 }
 
 async fn take_lease(

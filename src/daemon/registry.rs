@@ -16,6 +16,7 @@ use tokio::sync::watch;
 
 use super::error::HydrationError;
 use super::protocol::{DatasetStatus, Lease, Phase, Progress, State};
+use crate::engine::retry::Backoff;
 use crate::engine::stats::Stats;
 use crate::fs;
 
@@ -109,17 +110,17 @@ pub(crate) struct DatasetEntry {
     pub failed_at: Option<Instant>,
 }
 
-/// The first wait before a failed hydration is tried again; it doubles with each failure.
-const RETRY_FIRST: Duration = Duration::from_secs(5);
-const RETRY_MAX: Duration = Duration::from_secs(300);
+/// The wait before a failed hydration is tried again: 5 s, doubling with each failure.
+const HYDRATION_RETRY: Backoff = Backoff {
+    first: Duration::from_secs(5),
+    cap: Duration::from_secs(300),
+};
 
 impl DatasetEntry {
     /// Whether a failed hydration is still in its back-off, so a warm request must not start
     /// another.
     pub(crate) fn backing_off(&self) -> bool {
-        let wait = RETRY_FIRST
-            .saturating_mul(1 << self.failures.saturating_sub(1).min(16))
-            .min(RETRY_MAX);
+        let wait = HYDRATION_RETRY.ceiling(self.failures.saturating_sub(1));
         self.failed_at.is_some_and(|at| at.elapsed() < wait)
     }
 }

@@ -10,7 +10,7 @@ use futures::StreamExt;
 use tokio::sync::oneshot;
 
 use super::context::Ctx;
-use super::retry::backoff;
+use super::retry::PART_RETRY;
 use super::stats::Stats;
 use crate::error::{BodyError, PartError, WriteError};
 use crate::hash::{PartDigest, PartHasher};
@@ -95,7 +95,7 @@ pub(crate) async fn fetch_part(
                     stream.wait_writes().await?;
                     stream = PartStream::new(&target);
                 }
-                tokio::time::sleep(backoff(attempt)).await;
+                tokio::time::sleep(PART_RETRY.jittered(attempt)).await;
                 attempt += 1;
             }
             Err(err) if err.is_retryable() => {

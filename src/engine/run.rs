@@ -236,7 +236,7 @@ struct Mirrored {
     /// What cut the run short: a broken listing, a stop signal, a report that cannot be written.
     fatal: Option<SyncError>,
     failures: Vec<Failure>,
-    /// Every key the run mirrors, when it listed the whole source.
+    /// The keys the run mirrors (all of the source's only when nothing was fatal).
     listed: Option<ListedKeys>,
 }
 
@@ -339,11 +339,10 @@ async fn mirror(
         let report = cfg.report.clone().unwrap_or_default();
         fatal = Some(LocalError::new("writing the report spool for", report, err).into());
     }
-    let listed = fatal.is_none().then_some(listed);
     Mirrored {
         fatal,
         failures: tally.failures,
-        listed,
+        listed: Some(listed),
     }
 }
 

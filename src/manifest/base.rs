@@ -8,9 +8,9 @@
 //! whose keys are not ascending is read up to the first one out of order, like a torn tail.
 
 use std::fs::File;
-use std::io::{self, BufReader, Seek, SeekFrom};
+use std::io::{self, BufReader};
 
-use super::journal::{JournalWriter, Record, RecordReader, SourceInfo, FORMAT_VERSION};
+use super::journal::{JournalWriter, Record, RecordReader, SourceInfo};
 use super::{apply, write_object, ObjectState};
 use crate::fs::{Dir, OFlags};
 
@@ -28,18 +28,13 @@ impl BaseReader {
     /// Opens the base in `dir` and reads its source; `None` when there is none or its header
     /// is unreadable or of another format.
     pub(crate) fn open(dir: &Dir) -> io::Result<Option<(SourceInfo, Self)>> {
-        let mut file = match dir.open_file(BASE, OFlags::RDONLY) {
+        let file = match dir.open_file(BASE, OFlags::RDONLY) {
             Ok(file) => file,
             Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(err) => return Err(err),
         };
-        file.seek(SeekFrom::Start(0))?;
         let mut records = RecordReader::new(BufReader::with_capacity(1 << 20, file));
-        let Some(Record::Header {
-            version: FORMAT_VERSION,
-            source,
-        }) = records.next_record()?
-        else {
+        let Some(source) = records.header()? else {
             return Ok(None);
         };
         let reader = Self {
@@ -115,8 +110,14 @@ impl Cursor {
                 ),
             ));
         }
-        if self.last_asked.as_deref() != Some(key) {
-            self.last_asked = Some(key.to_string());
+        // Reuses the buffer: this runs once per listed object.
+        match &mut self.last_asked {
+            Some(last) if last != key => {
+                last.clear();
+                last.push_str(key);
+            }
+            Some(_) => {}
+            None => self.last_asked = Some(key.to_string()),
         }
         while self
             .head
@@ -158,13 +159,8 @@ pub(crate) struct BaseWriter {
 
 impl BaseWriter {
     pub(crate) fn new(file: File, source: &SourceInfo) -> io::Result<Self> {
-        let mut out = JournalWriter::new(file);
-        out.append(&Record::Header {
-            version: FORMAT_VERSION,
-            source: source.clone(),
-        })?;
         Ok(Self {
-            out,
+            out: JournalWriter::start(file, source)?,
             last_key: None,
         })
     }

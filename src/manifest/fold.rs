@@ -82,12 +82,7 @@ pub(crate) fn fold(
         }
     };
     fs::write_atomic(dir, JOURNAL, |tmp| {
-        let mut out = JournalWriter::new(tmp.try_clone()?);
-        out.append(&Record::Header {
-            version: journal::FORMAT_VERSION,
-            source: source.clone(),
-        })?;
-        out.flush()
+        JournalWriter::start(tmp.try_clone()?, source)?.flush()
     })?;
     tracing::info!(
         objects = folded.kept,

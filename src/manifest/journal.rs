@@ -116,6 +116,18 @@ impl<R: Read> RecordReader<R> {
         }
     }
 
+    /// The first record, as the header of this format: the dataset's source, or `None` when
+    /// it is missing, unreadable or of another format.
+    pub(crate) fn header(&mut self) -> io::Result<Option<SourceInfo>> {
+        Ok(match self.next_record()? {
+            Some(Record::Header {
+                version: FORMAT_VERSION,
+                source,
+            }) => Some(source),
+            _ => None,
+        })
+    }
+
     /// The next intact record; `Ok(None)` at the end of the intact prefix.
     pub(crate) fn next_record(&mut self) -> io::Result<Option<Record>> {
         let mut header = [0u8; HEADER_LEN];
@@ -179,6 +191,16 @@ impl JournalWriter {
         Self {
             out: BufWriter::with_capacity(256 << 10, file),
         }
+    }
+
+    /// A writer of a new file, which starts with the header naming `source`.
+    pub(crate) fn start(file: File, source: &SourceInfo) -> io::Result<Self> {
+        let mut out = Self::new(file);
+        out.append(&Record::Header {
+            version: FORMAT_VERSION,
+            source: source.clone(),
+        })?;
+        Ok(out)
     }
 
     pub(crate) fn append(&mut self, record: &Record) -> io::Result<()> {

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use crate::support::daemon::{catalog, daemon_command, dataset, Daemon, DatasetSpec, TOKEN};
 use crate::support::faults::{Fault, Rule};
-use crate::support::{assert_mirror, content, files, wait_until, Server, MIB};
+use crate::support::{
+    assert_mirror, content, files, records_durable_parts, wait_until, Server, MIB,
+};
 
 fn stdout(output: &std::process::Output) -> String {
     String::from_utf8_lossy(&output.stdout).trim().to_string()
@@ -337,12 +339,9 @@ fn a_daemon_killed_mid_hydration_resumes_on_restart() {
 
 /// Waits until a manifest under `dataset_dir` records durable parts.
 fn wait_for_durable_parts(dataset_dir: &Path) {
-    let needle = b"\"type\":\"parts\"";
     wait_until("durable parts recorded", Duration::from_secs(60), || {
         std::fs::read_dir(dataset_dir).unwrap().any(|snapshot| {
-            let journal = snapshot.unwrap().path().join(".hydrator/manifest.journal");
-            std::fs::read(journal)
-                .is_ok_and(|bytes| bytes.windows(needle.len()).any(|w| w == needle))
+            records_durable_parts(&snapshot.unwrap().path().join(".hydrator/manifest.journal"))
         })
     });
 }

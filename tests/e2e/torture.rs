@@ -2,14 +2,15 @@
 //! verified mirror with READY, or a non-zero exit with a clear message, no READY, nothing
 //! corrupt under a final name, and a re-run that completes once the cause is gone.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::support::faults::{Fault, Rule};
 use crate::support::{
-    assert_mirror, content, files, hydrator_command, hydrator_sync, temp_dest, wait_until, Server,
-    MIB,
+    assert_mirror, content, files, hydrator_command, hydrator_sync, records_durable_parts,
+    temp_dest, wait_until, Server, MIB,
 };
 
 /// `hydrator sync s3://BUCKET/PREFIX DEST` against `server`, without progress output.
@@ -69,21 +70,30 @@ fn wait_for_parts_written(partial: &Path, expected: &[u8]) {
     });
 }
 
-fn check_signal_stops_and_resumes(signal: i32) {
-    let server = Server::local();
+/// A sync of `prefix` (a 24 MiB file whose part 1 stalls for a minute, and a small one) busy
+/// with two parts of the big file written: the moment to interrupt it.
+fn busy_sync(
+    server: &Server,
+    prefix: &str,
+    seed: u64,
+) -> (BTreeMap<String, Vec<u8>>, tempfile::TempDir, PathBuf, Child) {
     let expected = files(&[
-        ("big.bin", content(71, 24 * MIB)),
-        ("small.txt", content(72, 100)),
+        ("big.bin", content(seed, 24 * MIB)),
+        ("small.txt", content(seed + 1, 100)),
     ]);
-    server.seed("sig/", &expected);
-    // Part 1 of big.bin stalls for a minute: the run is busy when the signal comes.
+    server.seed(prefix, &expected);
     server
         .faults
         .add(Rule::get("big.bin", Fault::StallBody(MIB, Duration::from_secs(60))).skip(1));
-    let (_dir, dest) = temp_dest();
-    let report = dest.with_extension("json");
-    let child = spawn_sync(&server, "sig/", &dest, &report, &[]);
+    let (dir, dest) = temp_dest();
+    let child = spawn_sync(server, prefix, &dest, &dest.with_extension("json"), &[]);
     wait_for_parts_written(&dest.join(".big.bin.partial"), &expected["big.bin"]);
+    (expected, dir, dest, child)
+}
+
+fn check_signal_stops_and_resumes(signal: i32) {
+    let server = Server::local();
+    let (expected, _dir, dest, child) = busy_sync(&server, "sig/", 71);
     let signalled = Instant::now();
     // SAFETY: signalling our own child process.
     unsafe { libc::kill(child.id() as i32, signal) };
@@ -123,23 +133,10 @@ fn sigint_stops_a_sync_with_exit_3_and_the_next_run_resumes() {
 #[test]
 fn a_resume_after_kill_9_through_another_endpoint_url_keeps_the_durable_parts() {
     let server = Server::local();
-    let expected = files(&[
-        ("big.bin", content(73, 24 * MIB)),
-        ("small.txt", content(74, 100)),
-    ]);
-    server.seed("moved/", &expected);
-    server
-        .faults
-        .add(Rule::get("big.bin", Fault::StallBody(MIB, Duration::from_secs(60))).skip(1));
-    let (_dir, dest) = temp_dest();
-    let mut child = spawn_sync(&server, "moved/", &dest, &dest.with_extension("json"), &[]);
-    wait_for_parts_written(&dest.join(".big.bin.partial"), &expected["big.bin"]);
+    let (expected, _dir, dest, mut child) = busy_sync(&server, "moved/", 73);
     let journal = dest.join(".hydrator/manifest.journal");
     wait_until("durable parts recorded", Duration::from_secs(20), || {
-        std::fs::read(&journal).is_ok_and(|bytes| {
-            let needle = b"\"type\":\"parts\"";
-            bytes.windows(needle.len()).any(|w| w == needle)
-        })
+        records_durable_parts(&journal)
     });
     child.kill().unwrap();
     child.wait().unwrap();

@@ -344,3 +344,9 @@ pub fn temp_dest() -> (tempfile::TempDir, PathBuf) {
     let dest = dir.path().join("dest");
     (dir, dest)
 }
+
+/// Whether the manifest journal at `journal` records durable parts.
+pub fn records_durable_parts(journal: &Path) -> bool {
+    let needle = b"\"type\":\"parts\"";
+    std::fs::read(journal).is_ok_and(|bytes| bytes.windows(needle.len()).any(|w| w == needle))
+}
