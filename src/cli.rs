@@ -76,6 +76,9 @@ pub enum Command {
     Daemon(DaemonArgs),
     /// Ask the node daemon for a dataset; print its ready directory (exit 0 only when ready).
     Warm(WarmArgs),
+    /// Hold a lease on a dataset's snapshot while this process runs (a pod's sidecar): renew
+    /// it, release it on SIGTERM.
+    Lease(LeaseArgs),
     /// Start an S3 server in-process, seed it with a generated dataset and sync it.
     #[cfg(feature = "demo")]
     Demo(DemoArgs),
@@ -88,10 +91,9 @@ pub struct DaemonArgs {
     pub config: PathBuf,
 }
 
+/// Where the node daemon is and how to reach it.
 #[derive(Debug, Args)]
-pub struct WarmArgs {
-    /// The dataset's name in the daemon's catalog.
-    pub name: String,
+pub struct DaemonConnection {
     /// The daemon: unix:///PATH/TO/SOCKET or http://HOST:PORT.
     #[arg(
         long,
@@ -102,12 +104,6 @@ pub struct WarmArgs {
     /// File holding the bearer token (needed over http://).
     #[arg(long, env = "HYDRATOR_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
-    /// Wait until the dataset is ready (or failed), showing progress.
-    #[arg(long, env = "HYDRATOR_WAIT")]
-    pub wait: bool,
-    /// Give up waiting after this many seconds.
-    #[arg(long, env = "HYDRATOR_WAIT_TIMEOUT")]
-    pub timeout: Option<u64>,
     /// How long to keep asking a daemon that is not there (socket missing or connection
     /// refused, as while it restarts) before falling back or giving up.
     #[arg(
@@ -117,6 +113,44 @@ pub struct WarmArgs {
         value_name = "SECONDS"
     )]
     pub daemon_wait: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct LeaseArgs {
+    /// The dataset's name in the daemon's catalog.
+    pub name: String,
+    /// Who holds the lease (e.g. the pod UID; `warm --lease-holder` takes it first).
+    #[arg(long, env = "HYDRATOR_LEASE_HOLDER")]
+    pub holder: String,
+    /// Lease length in seconds: it is renewed every third of it, so a pod that dies without
+    /// releasing pins its snapshot for at most this long.
+    #[arg(
+        long,
+        env = "HYDRATOR_LEASE_TTL",
+        default_value_t = 300,
+        value_name = "SECONDS"
+    )]
+    pub ttl: u64,
+    /// The ready directory `warm --path-file` wrote: its snapshot is the one leased, so the
+    /// files the pod reads are the files pinned.
+    #[arg(long, env = "HYDRATOR_PATH_FILE")]
+    pub path_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub connection: DaemonConnection,
+}
+
+#[derive(Debug, Args)]
+pub struct WarmArgs {
+    /// The dataset's name in the daemon's catalog.
+    pub name: String,
+    #[command(flatten)]
+    pub connection: DaemonConnection,
+    /// Wait until the dataset is ready (or failed), showing progress.
+    #[arg(long, env = "HYDRATOR_WAIT")]
+    pub wait: bool,
+    /// Give up waiting after this many seconds.
+    #[arg(long, env = "HYDRATOR_WAIT_TIMEOUT")]
+    pub timeout: Option<u64>,
     /// Lease the ready snapshot for this holder (e.g. the pod UID) so it is not evicted.
     #[arg(long, env = "HYDRATOR_LEASE_HOLDER")]
     pub lease_holder: Option<String>,

@@ -20,11 +20,13 @@ pub(crate) mod catalog;
 mod error;
 mod evict;
 mod flight;
+mod identity;
 mod link;
 pub(crate) mod metrics;
 pub(crate) mod protocol;
 mod recover;
 pub(crate) mod registry;
+mod saver;
 mod serve;
 pub(crate) mod space;
 
@@ -56,6 +58,8 @@ pub(crate) struct Daemon {
     space: tokio::sync::Mutex<()>,
     /// Serialises writes of `state.json` (they share one temporary file).
     saving: Mutex<()>,
+    /// Writes `state.json` in batches after changes.
+    saver: saver::StateSaver,
     pub metrics: metrics::Metrics,
     /// Set once on SIGTERM/SIGINT: hydrations stop, requests are refused.
     pub stop: watch::Sender<bool>,
@@ -71,13 +75,25 @@ impl Daemon {
         self.registry.lock().expect("registry lock")
     }
 
-    /// Writes leases and last-use times; a failure is logged (the next change writes again)
-    /// and returned, for a caller whose request it was.
-    pub(crate) fn save_state(&self) -> std::io::Result<()> {
+    /// Writes leases and last-use times now; a failure is logged (the next change writes
+    /// again) and returned. Changes while the daemon runs go through [`Daemon::state_changed`].
+    fn save_now(&self) -> std::io::Result<()> {
         let _saving = self.saving.lock().expect("save lock");
         let persisted = self.registry().persisted();
+        self.metrics.state_saved();
         registry::save(&self.root, &persisted)
             .inspect_err(|err| tracing::error!("saving the daemon state: {err}"))
+    }
+
+    /// Asks for the state to be saved (in the next batch); the generation to wait for with
+    /// [`Daemon::state_durable`].
+    pub(crate) fn state_changed(&self) -> u64 {
+        self.saver.changed()
+    }
+
+    /// Waits until the change `generation` is saved; `Err` when that save failed.
+    pub(crate) async fn state_durable(&self, generation: u64) -> std::io::Result<()> {
+        self.saver.durable(generation).await
     }
 
     pub(crate) fn render_metrics(&self) -> String {
@@ -172,11 +188,13 @@ pub(crate) async fn run(catalog_path: &Path) -> Result<Exit, SyncError> {
         budget,
         space: Default::default(),
         saving: Default::default(),
+        saver: Default::default(),
         metrics: Default::default(),
         stop: watch::channel(false).0,
         io_backend,
     });
-    let _ = daemon.save_state(); // logged; the next change writes again
+    let _ = daemon.save_now(); // logged; the next change writes again
+    let saver = tokio::spawn(saver::StateSaver::run(daemon.clone()));
     {
         let mut registry = daemon.registry();
         for (name, snapshot) in resumable {
@@ -220,7 +238,8 @@ pub(crate) async fn run(catalog_path: &Path) -> Result<Exit, SyncError> {
         controller.abort();
     }
     servers.stop().await;
-    let _ = daemon.save_state(); // logged; the next change writes again
+    let _ = saver.await;
+    let _ = daemon.save_now(); // logged
     tracing::info!("stopped");
     Ok(Exit::Success)
 }
@@ -302,12 +321,16 @@ impl Listeners {
     }
 }
 
-fn spawn_server<L: axum::serve::Listener>(
+fn spawn_server<L>(
     listener: L,
     app: axum::Router,
     header_timeout: std::time::Duration,
     shutdown: &watch::Sender<bool>,
-) -> tokio::task::JoinHandle<()> {
+) -> tokio::task::JoinHandle<()>
+where
+    L: axum::serve::Listener,
+    L::Io: identity::Peer,
+{
     tokio::spawn(serve::serve(
         listener,
         app,

@@ -249,6 +249,20 @@ pub enum WarmError {
     LeaseRefused(LeaseRefusal),
 }
 
+/// Why `hydrator lease` could not hold or release its lease.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    /// The daemon's own explanation (another owner, the cap, the snapshot gone).
+    #[error("the daemon refused the lease: {0}")]
+    Refused(String),
+    #[error(
+        "not allowed to talk to the daemon at {daemon} ({why}); check the socket's permissions"
+    )]
+    Denied { daemon: String, why: String },
+    #[error("the lease could not be released: {0}; it expires by itself")]
+    NotReleased(String),
+}
+
 /// Why the daemon granted no lease.
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseRefusal {
@@ -279,6 +293,8 @@ pub enum SyncError {
     Task(&'static str, #[source] tokio::task::JoinError),
     #[error(transparent)]
     Warm(#[from] WarmError),
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
     /// Asked to stop (a signal) before the end; the manifest keeps what was done.
     #[error("stopped before the end; a new run resumes")]
     Stopped,
@@ -289,12 +305,14 @@ impl SyncError {
         match self {
             SyncError::Usage(_)
             | SyncError::Source(_)
-            | SyncError::Warm(WarmError::Denied { .. }) => Exit::Usage,
+            | SyncError::Warm(WarmError::Denied { .. })
+            | SyncError::Lease(LeaseError::Denied { .. }) => Exit::Usage,
             SyncError::Listing(_)
             | SyncError::Local(_)
             | SyncError::LockTimeout(_)
             | SyncError::Task(..)
-            | SyncError::Warm(_) => Exit::Failed,
+            | SyncError::Warm(_)
+            | SyncError::Lease(_) => Exit::Failed,
             SyncError::Stopped => Exit::Stopped,
         }
     }

@@ -11,12 +11,14 @@ pub mod cli;
 pub mod commands;
 pub mod config;
 pub(crate) mod daemon;
+pub(crate) mod daemon_client;
 #[cfg(feature = "demo")]
 pub mod demo;
 pub(crate) mod engine;
 pub mod error;
 pub(crate) mod fs;
 pub mod hash;
+pub(crate) mod lease;
 pub(crate) mod manifest;
 pub(crate) mod plan;
 pub(crate) mod report;

@@ -1,6 +1,7 @@
 //! The HTTP API (see README, "Node daemon"). The unix socket is guarded by its file
-//! permissions; the TCP listener asks for the catalog's bearer token on `/v1/`, while the
-//! probes and `/metrics` stay open for the kubelet and Prometheus.
+//! permissions and names each caller by its uid; the TCP listener asks for one of the catalog's
+//! bearer tokens on `/v1/` and names the caller by it, while the probes and `/metrics` stay
+//! open for the kubelet and Prometheus. Leases belong to the caller that took them.
 
 use std::sync::Arc;
 
@@ -10,12 +11,13 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde::de::DeserializeOwned;
 
 use super::flight::{self, Warm};
+use super::identity::{self, Caller};
 use super::protocol::{DatasetStatus, ErrorBody, LeaseRequest, State as DatasetState, WarmRequest};
-use super::registry::{self, LeaseRefused};
+use super::registry::{self, LeaseAsk, LeaseRefused};
 use super::Daemon;
 
 /// Longest holder id (a pod UID is 36 characters).
@@ -58,33 +60,37 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
         .into_response()
 }
 
-async fn check_token(State(daemon): Shared, request: Request, next: Next) -> Response {
-    let expected = daemon.catalog().listen.token.clone().unwrap_or_default();
+/// Lets a request with one of the catalog's tokens through, named by that token.
+async fn check_token(State(daemon): Shared, mut request: Request, next: Next) -> Response {
     let given = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or_default();
-    if expected.is_empty() || !constant_time_eq(given.as_bytes(), expected.as_bytes()) {
+    let catalog = daemon.catalog();
+    let Some(token) = identity::find_token(&catalog.listen.tokens, given) else {
         return error(
             StatusCode::UNAUTHORIZED,
             "missing or wrong bearer token (Authorization: Bearer TOKEN)",
         );
-    }
+    };
+    request.extensions_mut().insert(Caller::token(token));
     next.run(request).await
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-/// A lease change the daemon holds but could not make durable: the caller must not rely on it.
-fn unsaved(err: std::io::Error) -> Response {
-    error(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        format!("the lease changed but saving the daemon state failed: {err}"),
-    )
+/// `name` is in the catalog and the caller may use it.
+fn check_dataset(daemon: &Daemon, caller: &Caller, name: &str) -> Result<(), Box<Response>> {
+    if !daemon.catalog().datasets.contains_key(name) {
+        return Err(Box::new(unknown(name)));
+    }
+    match caller.may_use(name) {
+        true => Ok(()),
+        false => Err(Box::new(error(
+            StatusCode::FORBIDDEN,
+            format!("{} may not use dataset {name:?}", caller.identity),
+        ))),
+    }
 }
 
 /// Alive when the registry answers: a lock held too long (a stuck task) or poisoned (a panic
@@ -138,30 +144,43 @@ fn unknown(name: &str) -> Response {
     )
 }
 
-async fn list(State(daemon): Shared) -> Json<Vec<DatasetStatus>> {
+async fn list(State(daemon): Shared, caller: Extension<Caller>) -> Json<Vec<DatasetStatus>> {
     let catalog = daemon.catalog();
     let registry = daemon.registry();
     Json(
         catalog
             .datasets
             .keys()
+            .filter(|name| caller.may_use(name))
             .map(|name| registry.status(&daemon.root, name))
             .collect(),
     )
 }
 
-async fn status(State(daemon): Shared, Path(name): Path<String>) -> Response {
-    if !daemon.catalog().datasets.contains_key(&name) {
-        return unknown(&name);
+async fn status(
+    State(daemon): Shared,
+    caller: Extension<Caller>,
+    Path(name): Path<String>,
+) -> Response {
+    if let Err(response) = check_dataset(&daemon, &caller, &name) {
+        return *response;
     }
     Json(daemon.registry().status(&daemon.root, &name)).into_response()
 }
 
-async fn warm(State(daemon): Shared, Path(name): Path<String>, bytes: Bytes) -> Response {
+async fn warm(
+    State(daemon): Shared,
+    caller: Extension<Caller>,
+    Path(name): Path<String>,
+    bytes: Bytes,
+) -> Response {
     let request: WarmRequest = match body(&bytes) {
         Ok(request) => request,
         Err(response) => return *response,
     };
+    if let Err(response) = check_dataset(&daemon, &caller, &name) {
+        return *response;
+    }
     let Some(dataset) = daemon.catalog().datasets.get(&name).cloned() else {
         return unknown(&name);
     };
@@ -194,6 +213,7 @@ fn warm_code(state: DatasetState) -> StatusCode {
 
 async fn take_lease(
     State(daemon): Shared,
+    caller: Extension<Caller>,
     Path((name, holder)): Path<(String, String)>,
     bytes: Bytes,
 ) -> Response {
@@ -201,9 +221,8 @@ async fn take_lease(
         Ok(request) => request,
         Err(response) => return *response,
     };
-    let catalog = daemon.catalog();
-    if !catalog.datasets.contains_key(&name) {
-        return unknown(&name);
+    if let Err(response) = check_dataset(&daemon, &caller, &name) {
+        return *response;
     }
     if holder.is_empty() || holder.len() > MAX_HOLDER_LEN || holder.chars().any(char::is_control) {
         return error(
@@ -211,6 +230,7 @@ async fn take_lease(
             format!("a lease holder is 1 to {MAX_HOLDER_LEN} printable characters"),
         );
     }
+    let catalog = daemon.catalog();
     let ttl = request
         .ttl_seconds
         .unwrap_or(catalog.cache.default_lease_ttl.as_secs())
@@ -219,60 +239,101 @@ async fn take_lease(
         return error(StatusCode::BAD_REQUEST, "ttl_seconds must be at least 1");
     }
     let expires_at = registry::now_unix().saturating_add(ttl);
-    let taken = daemon
-        .registry()
-        .lease(&name, &holder, request.snapshot.as_deref(), expires_at);
+    let taken = daemon.registry().lease(
+        &name,
+        &holder,
+        request.snapshot.as_deref(),
+        expires_at,
+        &lease_ask(&daemon, &caller),
+    );
     match taken {
-        Ok(lease) => match daemon.save_state() {
+        Ok(lease) => match saved(&daemon).await {
             Ok(()) => Json(lease).into_response(),
-            Err(err) => unsaved(err),
+            Err(response) => response,
         },
-        Err(LeaseRefused::NotReady) => error(
-            StatusCode::CONFLICT,
-            format!("dataset {name:?} has no ready snapshot to lease; warm it first"),
-        ),
-        Err(LeaseRefused::NoSuchSnapshot(digest)) => error(
-            StatusCode::CONFLICT,
-            format!("dataset {name:?} has no ready snapshot {digest}"),
-        ),
+        Err(refused) => lease_refused(&name, &holder, refused),
     }
 }
 
 async fn release_lease(
     State(daemon): Shared,
+    caller: Extension<Caller>,
     Path((name, holder)): Path<(String, String)>,
 ) -> Response {
-    let removed = daemon
+    if let Err(response) = check_dataset(&daemon, &caller, &name) {
+        return *response;
+    }
+    let released = daemon
         .registry()
-        .leases
-        .remove(&(name.clone(), holder.clone()));
-    match removed {
-        Some(_) => match daemon.save_state() {
+        .release(&name, &holder, &lease_ask(&daemon, &caller));
+    match released {
+        Ok(_) => match saved(&daemon).await {
             Ok(()) => StatusCode::NO_CONTENT.into_response(),
-            Err(err) => unsaved(err),
+            Err(response) => response,
         },
-        None => error(
+        Err(refused) => lease_refused(&name, &holder, refused),
+    }
+}
+
+fn lease_ask<'a>(daemon: &Daemon, caller: &'a Caller) -> LeaseAsk<'a> {
+    let catalog = daemon.catalog();
+    LeaseAsk {
+        caller,
+        admin: catalog.listen.admins.contains(&caller.identity),
+        cap: catalog.cache.max_leases_per_dataset,
+    }
+}
+
+/// Waits for the lease change to be saved: the caller must not rely on one a restart loses.
+async fn saved(daemon: &Daemon) -> Result<(), Response> {
+    let generation = daemon.state_changed();
+    daemon.state_durable(generation).await.map_err(|err| {
+        error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the lease changed but saving the daemon state failed: {err}"),
+        )
+    })
+}
+
+fn lease_refused(name: &str, holder: &str, refused: LeaseRefused) -> Response {
+    match refused {
+        LeaseRefused::NotReady => error(
+            StatusCode::CONFLICT,
+            format!("dataset {name:?} has no ready snapshot to lease; warm it first"),
+        ),
+        LeaseRefused::NoSuchSnapshot(digest) => error(
+            StatusCode::CONFLICT,
+            format!("dataset {name:?} has no ready snapshot {digest}"),
+        ),
+        LeaseRefused::NotOwner { owner } => error(
+            StatusCode::FORBIDDEN,
+            format!("{holder:?}'s lease on {name:?} belongs to {owner}"),
+        ),
+        LeaseRefused::TooMany { cap } => error(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!("dataset {name:?} holds {cap} leases, the most the catalog allows (cache.max_leases_per_dataset)"),
+        ),
+        LeaseRefused::NotHeld => error(
             StatusCode::NOT_FOUND,
             format!("{holder:?} holds no lease on {name:?}"),
         ),
     }
 }
 
-async fn leases(State(daemon): Shared) -> Response {
-    let leases: Vec<_> = daemon.registry().leases.values().cloned().collect();
+async fn leases(State(daemon): Shared, caller: Extension<Caller>) -> Response {
+    let leases: Vec<_> = daemon
+        .registry()
+        .leases
+        .values()
+        .filter(|lease| caller.may_use(&lease.dataset))
+        .cloned()
+        .collect();
     Json(leases).into_response()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn tokens_compare_whole() {
-        assert!(constant_time_eq(b"secret-token", b"secret-token"));
-        assert!(!constant_time_eq(b"secret-toke", b"secret-token"));
-        assert!(!constant_time_eq(b"secret-tokem", b"secret-token"));
-    }
 
     #[test]
     fn an_empty_body_means_defaults_and_junk_is_rejected() {

@@ -3,13 +3,14 @@
 //! bucket of its choosing with the daemon's credentials. Every problem in the file is reported
 //! at once, each naming the setting it concerns.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::identity::Token;
 use crate::config::{self, ProgressMode, SyncConfig, SyncConfigBuilder};
 use crate::error::UsageError;
 use crate::source::client::StaticCredentials;
@@ -23,6 +24,10 @@ const DEFAULT_HEADER_TIMEOUT: u64 = 10;
 const DEFAULT_MAX_LEASE_TTL: u64 = 86_400;
 const DEFAULT_REFRESH: u64 = 60;
 const DEFAULT_MAINTENANCE_INTERVAL: u64 = 30;
+/// Leases one dataset may hold at once: more than the pods a node runs by default (110).
+const DEFAULT_MAX_LEASES_PER_DATASET: usize = 256;
+/// The identity of the token read from `listen.token_file`.
+const DEFAULT_TOKEN_NAME: &str = "default";
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -51,6 +56,8 @@ struct RawCache {
     max_lease_ttl_seconds: Option<u64>,
     #[serde(default)]
     maintenance_interval_seconds: Option<u64>,
+    #[serde(default)]
+    max_leases_per_dataset: Option<usize>,
 }
 
 #[derive(Default, Deserialize)]
@@ -60,7 +67,20 @@ struct RawListen {
     socket_mode: Option<String>,
     tcp: Option<String>,
     token_file: Option<PathBuf>,
+    #[serde(default)]
+    tokens: Vec<RawToken>,
+    #[serde(default)]
+    admins: Vec<String>,
     header_timeout_seconds: Option<u64>,
+}
+
+/// `[[listen.tokens]]`: a named token, optionally limited to some datasets.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawToken {
+    name: String,
+    file: PathBuf,
+    datasets: Option<Vec<String>>,
 }
 
 #[derive(Deserialize)]
@@ -101,6 +121,8 @@ pub(crate) struct Cache {
     pub max_lease_ttl: Duration,
     /// How often leases expire and the quota is enforced.
     pub maintenance_interval: Duration,
+    /// Leases one dataset may hold; more are refused.
+    pub max_leases_per_dataset: usize,
 }
 
 #[derive(Clone, PartialEq)]
@@ -108,20 +130,23 @@ pub(crate) struct Listen {
     pub socket: Option<PathBuf>,
     pub socket_mode: u32,
     pub tcp: Option<SocketAddr>,
-    /// The bearer token TCP callers must send (read from `token_file`).
-    pub token: Option<String>,
+    /// The bearer tokens TCP callers may send (`token_file` is the one named "default").
+    pub tokens: Vec<Token>,
+    /// Identities (`uid:0`, `token:ops`) that may renew or release any lease.
+    pub admins: BTreeSet<String>,
     /// A connection whose request header has not arrived within this is closed.
     pub header_timeout: Duration,
 }
 
-/// The token never reaches a log or a panic message.
+/// Token secrets never reach a log or a panic message.
 impl std::fmt::Debug for Listen {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Listen")
             .field("socket", &self.socket)
             .field("socket_mode", &format_args!("{:o}", self.socket_mode))
             .field("tcp", &self.tcp)
-            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("tokens", &self.tokens)
+            .field("admins", &self.admins)
             .field("header_timeout", &self.header_timeout)
             .finish()
     }
@@ -194,6 +219,16 @@ pub(crate) fn parse(
         }
         if let Some(dataset) = self::dataset(dataset, &env, &mut problem) {
             datasets.insert(name, dataset);
+        }
+    }
+    for token in &listen.tokens {
+        for name in token.datasets.iter().flat_map(|d| d.iter()) {
+            if !datasets.contains_key(name) {
+                problems.push(format!(
+                    "listen.tokens {:?}: no dataset {name:?} in the catalog",
+                    token.name
+                ));
+            }
         }
     }
     match problems.is_empty() {
@@ -276,6 +311,12 @@ fn cache(raw: RawCache, problems: &mut Vec<String>) -> Cache {
             max_lease_ttl.as_secs()
         ));
     }
+    let max_leases_per_dataset = raw
+        .max_leases_per_dataset
+        .unwrap_or(DEFAULT_MAX_LEASES_PER_DATASET);
+    if max_leases_per_dataset == 0 {
+        problems.push("cache.max_leases_per_dataset must be at least 1".into());
+    }
     Cache {
         root: raw.root,
         quota,
@@ -290,6 +331,7 @@ fn cache(raw: RawCache, problems: &mut Vec<String>) -> Cache {
             "maintenance_interval_seconds",
             problems,
         ),
+        max_leases_per_dataset,
     }
 }
 
@@ -311,32 +353,72 @@ fn listen(raw: RawListen, problems: &mut Vec<String>) -> Listen {
             .map_err(|_| problems.push(format!("listen.tcp {addr:?} must be IP:PORT")))
             .ok()
     });
-    let token = match (&raw.tcp, &raw.token_file) {
-        (Some(_), None) => {
-            problems.push(
-                "listen.tcp needs listen.token_file (callers send it as a bearer token)".into(),
-            );
-            None
+    let mut tokens = Vec::new();
+    if let Some(file) = &raw.token_file {
+        let secret = read_token(
+            &format!("listen.token_file {}", file.display()),
+            file,
+            problems,
+        );
+        tokens.extend(secret.map(|secret| Token {
+            name: DEFAULT_TOKEN_NAME.into(),
+            secret,
+            datasets: None,
+        }));
+    }
+    for raw_token in raw.tokens {
+        let field = format!("listen.tokens {:?}", raw_token.name);
+        if check_name(&raw_token.name).is_err() {
+            problems.push(format!(
+                "{field}: a token name is 1 to 63 letters, digits, '-', '_' or '.'"
+            ));
         }
-        (_, Some(file)) => match std::fs::read_to_string(file) {
-            Ok(token) if token.trim().len() >= 16 => {
-                warn_if_readable_by_others(file);
-                Some(token.trim().to_string())
+        if raw_token.name == DEFAULT_TOKEN_NAME && raw.token_file.is_some()
+            || tokens.iter().any(|t: &Token| t.name == raw_token.name)
+        {
+            problems.push(format!("{field}: the name is taken by another token"));
+        }
+        let secret = read_token(
+            &format!("{field} file {}", raw_token.file.display()),
+            &raw_token.file,
+            problems,
+        );
+        tokens.extend(secret.map(|secret| {
+            Token {
+                name: raw_token.name,
+                secret,
+                datasets: raw_token
+                    .datasets
+                    .map(|d| std::sync::Arc::new(d.into_iter().collect())),
             }
-            Ok(_) => {
-                problems.push(format!(
-                    "listen.token_file {}: the token must be at least 16 characters",
-                    file.display()
-                ));
-                None
-            }
-            Err(e) => {
-                problems.push(format!("listen.token_file {}: {e}", file.display()));
-                None
-            }
-        },
-        (None, None) => None,
-    };
+        }));
+    }
+    if raw.tcp.is_some()
+        && tokens.is_empty()
+        && !problems.iter().any(|p| p.starts_with("listen.token"))
+    {
+        problems.push(
+            "listen.tcp needs listen.token_file or listen.tokens (callers send one as a bearer token)".into(),
+        );
+    }
+    let mut secrets = BTreeSet::new();
+    if !tokens.iter().all(|t| secrets.insert(t.secret.as_str())) {
+        problems
+            .push("listen: two tokens have the same secret, so they cannot be told apart".into());
+    }
+    let admins = raw.admins.into_iter().collect::<BTreeSet<_>>();
+    for admin in &admins {
+        let valid = match admin.split_once(':') {
+            Some(("uid", uid)) => uid.parse::<u32>().is_ok(),
+            Some(("token", name)) => tokens.iter().any(|t| t.name == name),
+            _ => false,
+        };
+        if !valid {
+            problems.push(format!(
+                "listen.admins {admin:?} must be \"uid:<number>\" or \"token:<name of a token>\""
+            ));
+        }
+    }
     if raw.socket.is_none() && raw.tcp.is_none() {
         problems.push("listen: give a socket, a tcp address or both".into());
     }
@@ -348,8 +430,27 @@ fn listen(raw: RawListen, problems: &mut Vec<String>) -> Listen {
         socket: raw.socket,
         socket_mode,
         tcp,
-        token,
+        tokens,
+        admins,
         header_timeout: Duration::from_secs(header_timeout),
+    }
+}
+
+/// The token in `file`: at least 16 characters, surrounding whitespace dropped.
+fn read_token(field: &str, file: &Path, problems: &mut Vec<String>) -> Option<String> {
+    match std::fs::read_to_string(file) {
+        Ok(token) if token.trim().len() >= 16 => {
+            warn_if_readable_by_others(file);
+            Some(token.trim().to_string())
+        }
+        Ok(_) => {
+            problems.push(format!("{field}: the token must be at least 16 characters"));
+            None
+        }
+        Err(e) => {
+            problems.push(format!("{field}: {e}"));
+            None
+        }
     }
 }
 
@@ -359,7 +460,7 @@ fn warn_if_readable_by_others(file: &std::path::Path) {
     if let Ok(meta) = std::fs::metadata(file) {
         if meta.permissions().mode() & 0o004 != 0 {
             tracing::warn!(
-                "listen.token_file {} is readable by every user (mode {:o}); make it 0600 or 0640",
+                "token file {} is readable by every user (mode {:o}); make it 0600 or 0640",
                 file.display(),
                 meta.permissions().mode() & 0o777
             );
@@ -495,7 +596,11 @@ mod tests {
     #[test]
     fn secrets_stay_out_of_debug_output() {
         let mut catalog = parse(GOOD, env).unwrap();
-        catalog.listen.token = Some("the-token-value".into());
+        catalog.listen.tokens = vec![Token {
+            name: "t".into(),
+            secret: "the-token-value".into(),
+            datasets: None,
+        }];
         let printed = format!("{catalog:?}");
         assert!(
             printed.contains("KEY-value"),
@@ -525,11 +630,57 @@ mod tests {
         for expected in [
             "cache.root",
             "cache.quota",
-            "listen.tcp needs listen.token_file",
+            "listen.tcp needs listen.token_file or listen.tokens",
             "listen.socket_mode",
             "dataset \"../etc\": names are",
             "dataset \"b\": invalid source URL",
             "MISSING is not set",
+        ] {
+            assert!(problems.contains(expected), "{expected} in:\n{problems}");
+        }
+    }
+
+    #[test]
+    fn named_tokens_scopes_and_admins() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, secret: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, secret).unwrap();
+            path.display().to_string()
+        };
+        let (team, ops, same) = (
+            file("team", "team-a-secret-0123456789"),
+            file("ops", "ops-secret-0123456789abc"),
+            file("same", "ops-secret-0123456789abc"),
+        );
+        let listen = format!(
+            "[listen]\ntcp = \"127.0.0.1:7070\"\nadmins = [\"uid:0\", \"token:ops\"]\n\
+             [[listen.tokens]]\nname = \"team-a\"\nfile = {team:?}\ndatasets = [\"coco\"]\n\
+             [[listen.tokens]]\nname = \"ops\"\nfile = {ops:?}\n"
+        );
+        let text = GOOD.replace(
+            "[listen]\n        socket = \"/run/hydrator/hydrator.sock\"",
+            &listen,
+        );
+        let catalog = parse(&text, env).unwrap();
+        let names: Vec<_> = catalog.listen.tokens.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["team-a", "ops"]);
+        let team_a = super::super::identity::Caller::token(&catalog.listen.tokens[0]);
+        assert!(team_a.may_use("coco") && !team_a.may_use("imagenet"));
+        assert!(catalog.listen.admins.contains("token:ops"));
+
+        let bad = text
+            .replace("\"coco\"]", "\"nope\"]")
+            .replace("\"uid:0\"", "\"root\", \"token:nobody\"")
+            .replace(&ops, &same)
+            + &format!("[[listen.tokens]]\nname = \"ops\"\nfile = {team:?}\n");
+        let problems = parse(&bad, env).unwrap_err().join("\n");
+        for expected in [
+            "listen.tokens \"team-a\": no dataset \"nope\"",
+            "listen.admins \"root\"",
+            "listen.admins \"token:nobody\"",
+            "listen.tokens \"ops\": the name is taken",
+            "two tokens have the same secret",
         ] {
             assert!(problems.contains(expected), "{expected} in:\n{problems}");
         }

@@ -39,8 +39,6 @@ pub(crate) enum HydrationError {
 pub(crate) enum SpaceError {
     #[error("measuring the cache: {0}")]
     MeasureCache(#[source] io::Error),
-    #[error("measuring snapshots: {0}")]
-    MeasureSnapshots(#[source] io::Error),
     #[error(
         "not enough space: {} of new data needed; quota {}, cache uses {}, {} reserved by \
          running hydrations, {} free on disk with a floor of {}; evicting every unleased \

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::error::SpaceError;
-use super::registry::{self, Flight, DAEMON_DIR};
+use super::registry::{self, DatasetUsage, Flight, DAEMON_DIR};
 use super::space::{self, Candidate, Pressure};
 use super::Daemon;
 use crate::units::human_bytes;
@@ -36,7 +36,7 @@ pub(crate) async fn maintain(daemon: &Arc<Daemon>) {
     let expired = daemon.registry().expire_leases(registry::now_unix());
     if expired > 0 {
         tracing::info!("{expired} leases expired");
-        let _ = daemon.save_state(); // logged; the next change writes again
+        daemon.state_changed();
     }
     let _space = daemon.space.lock().await;
     if let Err(why) = make_room(daemon, 0).await {
@@ -46,20 +46,24 @@ pub(crate) async fn maintain(daemon: &Arc<Daemon>) {
 
 async fn make_room(daemon: &Arc<Daemon>, need: u64) -> Result<(), SpaceError> {
     let cache = daemon.catalog().cache.clone();
-    let root = daemon.root.clone();
-    let flights = reservations(daemon);
-    let (used, free, reserved) = blocking(move || {
-        let (dirs, booked): (Vec<PathBuf>, Vec<u64>) = flights.into_iter().unzip();
-        let (cache, in_flight) = space::usage_within(&root, &dirs)?;
-        let reserved = booked
-            .iter()
-            .zip(in_flight)
-            .map(|(booked, on_disk)| booked.saturating_sub(on_disk.exclusive))
-            .sum();
-        Ok((cache.shared, space::free_bytes(&root)?, reserved))
+    let measured = measure(daemon).await.map_err(SpaceError::MeasureCache)?;
+    let free = blocking({
+        let root = daemon.root.clone();
+        move || space::free_bytes(&root)
     })
     .await
     .map_err(SpaceError::MeasureCache)?;
+    let used = measured.iter().map(|m| m.usage.total.shared).sum();
+    // What a running hydration already holds on disk (preallocated files, resumed parts) is in
+    // the cache's use, so only the rest of its booking is still to come.
+    let reserved = measured
+        .iter()
+        .filter_map(|m| {
+            let (digest, booked) = m.flight.as_ref()?;
+            let on_disk = m.usage.snapshots.get(digest).map_or(0, |u| u.exclusive);
+            Some(booked.saturating_sub(on_disk))
+        })
+        .sum();
     daemon.metrics.cache_measured(used, free);
     let budget = space::Budget {
         quota: cache.quota,
@@ -71,7 +75,7 @@ async fn make_room(daemon: &Arc<Daemon>, need: u64) -> Result<(), SpaceError> {
     let Some((deficit, pressure)) = budget.deficit(need) else {
         return Ok(());
     };
-    let candidates = candidates(daemon).await?;
+    let candidates = candidates(daemon, &measured);
     let evictable: u64 = candidates.iter().map(|c| c.frees).sum();
     let Some(chosen) = space::choose(candidates, deficit) else {
         return Err(SpaceError::NotEnough {
@@ -93,60 +97,118 @@ async fn make_room(daemon: &Arc<Daemon>, need: u64) -> Result<(), SpaceError> {
     Ok(())
 }
 
-/// Each running hydration's snapshot directory with the bytes booked to it. What a directory
-/// already holds on disk (preallocated files, resumed parts) is in the cache's use, so only the
-/// rest of its booking is still to come.
-fn reservations(daemon: &Daemon) -> Vec<(PathBuf, u64)> {
-    let registry = daemon.registry();
-    registry
-        .datasets
-        .iter()
-        .filter_map(|(name, entry)| {
-            let info = entry.flight.as_ref()?.info();
-            let digest = info.snapshot.as_ref()?;
-            Some((
-                registry::snapshot_dir(&daemon.root, name, digest),
-                info.reserved,
-            ))
-        })
-        .collect()
+/// One dataset's directory as measured for a maintenance pass.
+struct Measured {
+    name: String,
+    usage: Arc<DatasetUsage>,
+    /// The snapshot a running hydration writes, and the bytes booked to it.
+    flight: Option<(String, u64)>,
 }
 
-/// Ready snapshots nothing pins, with what evicting each would free.
-async fn candidates(daemon: &Arc<Daemon>) -> Result<Vec<Candidate>, SpaceError> {
-    let now = registry::now_unix();
-    let listed: Vec<(String, String, u64)> = {
+/// The disk use of every dataset directory. Only a directory that changed since it was last
+/// measured (a hydration running or ended, an eviction) is walked again; the others keep the
+/// figures recorded then, so an idle cache costs no walk at all.
+async fn measure(daemon: &Arc<Daemon>) -> io::Result<Vec<Measured>> {
+    struct Plan {
+        name: String,
+        cached: Option<Arc<DatasetUsage>>,
+        changes: u64,
+        snapshots: Vec<String>,
+        flight: Option<(String, u64)>,
+    }
+    let plans: Vec<Plan> = {
         let registry = daemon.registry();
         registry
             .datasets
             .iter()
-            .flat_map(|(name, entry)| {
-                entry
-                    .ready
-                    .iter()
-                    .map(move |(digest, ready)| (name.clone(), digest.clone(), ready.last_used))
+            .map(|(name, entry)| {
+                let flight = entry.flight.as_ref().and_then(|flight| {
+                    let info = flight.info();
+                    Some((info.snapshot.clone()?, info.reserved))
+                });
+                Plan {
+                    name: name.clone(),
+                    cached: entry.usage.clone().filter(|_| entry.flight.is_none()),
+                    changes: entry.changes,
+                    snapshots: entry
+                        .ready
+                        .keys()
+                        .cloned()
+                        .chain(flight.iter().map(|f| f.0.clone()))
+                        .collect(),
+                    flight,
+                }
             })
-            .filter(|(name, digest, _)| !registry.pinned(name, digest, now))
             .collect()
     };
     let root = daemon.root.clone();
-    blocking(move || {
-        listed
+    let walked = blocking(move || {
+        plans
             .into_iter()
-            .map(|(dataset, digest, last_used)| {
-                let frees =
-                    space::usage(&registry::snapshot_dir(&root, &dataset, &digest))?.exclusive;
-                Ok(Candidate {
-                    dataset,
-                    digest,
-                    last_used,
-                    frees,
+            .map(|plan| {
+                let fresh = plan.cached.is_none();
+                let usage = match plan.cached {
+                    Some(usage) => usage,
+                    None => Arc::new(measure_dataset(&root, &plan.name, &plan.snapshots)?),
+                };
+                Ok((plan.name, usage, plan.flight, plan.changes, fresh))
+            })
+            .collect::<io::Result<Vec<_>>>()
+    })
+    .await?;
+    let mut registry = daemon.registry();
+    Ok(walked
+        .into_iter()
+        .map(|(name, usage, flight, changes, fresh)| {
+            if fresh {
+                daemon.metrics.dataset_walked();
+                if let Some(entry) = registry.datasets.get_mut(&name) {
+                    if entry.flight.is_none() && entry.changes == changes {
+                        entry.usage = Some(usage.clone());
+                    }
+                }
+            }
+            Measured {
+                name,
+                usage,
+                flight,
+            }
+        })
+        .collect())
+}
+
+/// Walks `ROOT/<name>/` once, with each of `snapshots` measured on the way.
+fn measure_dataset(root: &Path, name: &str, snapshots: &[String]) -> io::Result<DatasetUsage> {
+    let dirs: Vec<PathBuf> = snapshots
+        .iter()
+        .map(|digest| registry::snapshot_dir(root, name, digest))
+        .collect();
+    let (total, of_snapshots) = space::usage_within(&root.join(name), &dirs)?;
+    Ok(DatasetUsage {
+        total,
+        snapshots: snapshots.iter().cloned().zip(of_snapshots).collect(),
+    })
+}
+
+/// Ready snapshots nothing pins, with what evicting each would free.
+fn candidates(daemon: &Daemon, measured: &[Measured]) -> Vec<Candidate> {
+    let now = registry::now_unix();
+    let registry = daemon.registry();
+    measured
+        .iter()
+        .flat_map(|m| {
+            let entry = registry.datasets.get(&m.name);
+            entry.into_iter().flat_map(move |entry| {
+                entry.ready.iter().map(move |(digest, ready)| Candidate {
+                    dataset: m.name.clone(),
+                    digest: digest.clone(),
+                    last_used: ready.last_used,
+                    frees: m.usage.snapshots.get(digest).map_or(0, |u| u.exclusive),
                 })
             })
-            .collect()
-    })
-    .await
-    .map_err(SpaceError::MeasureSnapshots)
+        })
+        .filter(|c| !registry.pinned(&c.dataset, &c.digest, now))
+        .collect()
 }
 
 /// Removes one snapshot, unless something pinned it since it was chosen.
@@ -161,6 +223,7 @@ async fn evict(daemon: &Arc<Daemon>, candidate: &Candidate, pressure: Pressure) 
             return Ok(());
         };
         entry.ready.remove(digest);
+        entry.changed_on_disk();
         if entry.current.as_deref() == Some(digest.as_str()) {
             entry.current = entry
                 .ready
@@ -180,7 +243,7 @@ async fn evict(daemon: &Arc<Daemon>, candidate: &Candidate, pressure: Pressure) 
     let (name, digest) = (name.clone(), digest.clone());
     blocking(move || remove_snapshot(&root, &name, &digest)).await?;
     daemon.metrics.evicted(pressure);
-    let _ = daemon.save_state(); // logged; the next change writes again
+    daemon.state_changed();
     Ok(())
 }
 

@@ -106,6 +106,7 @@ fn finish(daemon: &Daemon, name: &str, flight: &Flight, result: Result<Done, Hyd
         let mut registry = daemon.registry();
         let entry = registry.datasets.entry(name.to_string()).or_default();
         entry.flight = None;
+        entry.changed_on_disk();
         match result {
             Ok(done) => {
                 entry.ready.insert(done.digest.clone(), done.ready);
@@ -137,7 +138,7 @@ fn finish(daemon: &Daemon, name: &str, flight: &Flight, result: Result<Done, Hyd
             }
         }
     }
-    let _ = daemon.save_state(); // logged; the next change writes again
+    daemon.state_changed();
     flight.done.send_replace(true);
 }
 

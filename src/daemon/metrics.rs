@@ -87,6 +87,8 @@ pub(crate) struct Metrics {
     cache_used: Gauge<u64, AtomicU64>,
     cache_free: Gauge<u64, AtomicU64>,
     evictions: Family<ReasonLabel, Counter>,
+    cache_walks: Counter,
+    state_saves: Counter,
 }
 
 impl Default for Metrics {
@@ -99,6 +101,8 @@ impl Default for Metrics {
             cache_used: Gauge::default(),
             cache_free: Gauge::default(),
             evictions: Family::default(),
+            cache_walks: Counter::default(),
+            state_saves: Counter::default(),
         }
     }
 }
@@ -130,6 +134,15 @@ impl Metrics {
 
     pub(crate) fn served_from_cache(&self, bytes: u64) {
         self.bytes_from_cache.inc_by(bytes);
+    }
+
+    /// A dataset's directory was walked to measure what it holds.
+    pub(crate) fn dataset_walked(&self) {
+        self.cache_walks.inc();
+    }
+
+    pub(crate) fn state_saved(&self) {
+        self.state_saves.inc();
     }
 
     pub(crate) fn cache_measured(&self, used: u64, free: u64) {
@@ -194,6 +207,16 @@ impl Metrics {
             "Snapshots evicted, by reason",
             self.evictions.clone(),
         );
+        registry.register(
+            "hydrator_cache_walks",
+            "Walks of a dataset's directory to measure its disk use (only after it changed)",
+            self.cache_walks.clone(),
+        );
+        registry.register(
+            "hydrator_state_saves",
+            "Writes of the daemon's state file (leases, last use)",
+            self.state_saves.clone(),
+        );
         let datasets = Family::<StateLabel, Gauge<u64, AtomicU64>>::default();
         for (&state, &count) in &now.datasets_by_state {
             datasets.get_or_create(&StateLabel { state }).set(count);
@@ -232,6 +255,9 @@ mod tests {
         metrics.fetched(5);
         metrics.served_from_cache(11);
         metrics.cache_measured(300, 4000);
+        metrics.dataset_walked();
+        metrics.dataset_walked();
+        metrics.state_saved();
         let requests = BTreeMap::from([(("GetObject".to_string(), 206), 7)]);
         metrics.render(&Snapshot {
             bytes_fetched_running: 2,
@@ -257,6 +283,8 @@ mod tests {
             ("hydrator_cache_capacity_bytes", "gauge", "The cache quota."),
             ("hydrator_cache_filesystem_free_bytes", "gauge", "Free bytes on the cache's filesystem."),
             ("hydrator_evictions_total", "counter", "Snapshots evicted, by reason."),
+            ("hydrator_cache_walks_total", "counter", "Walks of a dataset's directory to measure its disk use (only after it changed)."),
+            ("hydrator_state_saves_total", "counter", "Writes of the daemon's state file (leases, last use)."),
             ("hydrator_datasets", "gauge", "Catalog datasets by state."),
             ("hydrator_leases", "gauge", "Leases held."),
             ("hydrator_io_backend_info", "gauge", "The write backend in use."),
@@ -286,6 +314,8 @@ mod tests {
             "hydrator_cache_capacity_bytes 1024",
             "hydrator_cache_filesystem_free_bytes 4000",
             "hydrator_evictions_total{reason=\"quota\"} 1",
+            "hydrator_cache_walks_total 2",
+            "hydrator_state_saves_total 1",
             "hydrator_datasets{state=\"ready\"} 1",
             "hydrator_datasets{state=\"absent\"} 0",
             "hydrator_leases 3",

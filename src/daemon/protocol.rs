@@ -121,6 +121,10 @@ pub(crate) struct LeaseRequest {
 pub(crate) struct Lease {
     pub dataset: String,
     pub holder: String,
+    /// The identity that took it (`uid:<n>` or `token:<name>`): only it, or an admin, can
+    /// renew or release it. Empty in a state file from before owners: the next renewal adopts it.
+    #[serde(default)]
+    pub owner: String,
     pub snapshot: String,
     /// Unix seconds.
     pub expires_at: u64,

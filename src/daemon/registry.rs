@@ -15,7 +15,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::error::HydrationError;
+use super::identity::Caller;
 use super::protocol::{DatasetStatus, Lease, Phase, Progress, State};
+use super::space::Usage;
 use crate::engine::retry::Backoff;
 use crate::engine::stats::Stats;
 use crate::fs;
@@ -108,6 +110,20 @@ pub(crate) struct DatasetEntry {
     /// Hydrations failed in a row, and when the last one ended: the back-off before the next.
     pub failures: u32,
     pub failed_at: Option<Instant>,
+    /// What its directory held on disk when last measured; `None` once it changed since.
+    pub usage: Option<Arc<DatasetUsage>>,
+    /// Bumped whenever its directory changes (a hydration ended, a snapshot was evicted), so a
+    /// measurement taken before is not stored.
+    pub changes: u64,
+}
+
+/// A dataset directory's disk use, measured in one walk.
+#[derive(Debug, Default)]
+pub(crate) struct DatasetUsage {
+    /// All of it, hard-linked files shared among their links.
+    pub total: Usage,
+    /// Each snapshot directory in it (ready or being hydrated).
+    pub snapshots: BTreeMap<String, Usage>,
 }
 
 /// The wait before a failed hydration is tried again: 5 s, doubling with each failure.
@@ -117,6 +133,12 @@ const HYDRATION_RETRY: Backoff = Backoff {
 };
 
 impl DatasetEntry {
+    /// Its directory changed: the next maintenance pass measures it again.
+    pub(crate) fn changed_on_disk(&mut self) {
+        self.usage = None;
+        self.changes += 1;
+    }
+
     /// Whether a failed hydration is still in its back-off, so a warm request must not start
     /// another.
     pub(crate) fn backing_off(&self) -> bool {
@@ -135,11 +157,41 @@ pub(crate) struct Registry {
     pub leases_unknown_until: Option<u64>,
 }
 
-/// Why a lease cannot be taken.
+/// Why a lease cannot be taken, renewed or released.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum LeaseRefused {
     NotReady,
     NoSuchSnapshot(String),
+    /// Another identity holds it.
+    NotOwner {
+        owner: String,
+    },
+    /// The dataset holds the most leases the catalog allows.
+    TooMany {
+        cap: usize,
+    },
+    NotHeld,
+}
+
+/// Who asks for a lease change, and within which bound.
+pub(crate) struct LeaseAsk<'a> {
+    pub caller: &'a Caller,
+    /// The caller may change any lease.
+    pub admin: bool,
+    /// The most leases one dataset may hold.
+    pub cap: usize,
+}
+
+impl LeaseAsk<'_> {
+    /// Whether this caller may change `lease`.
+    fn may_change(&self, lease: &Lease) -> Result<(), LeaseRefused> {
+        match self.admin || lease.owner.is_empty() || lease.owner == self.caller.identity {
+            true => Ok(()),
+            false => Err(LeaseRefused::NotOwner {
+                owner: lease.owner.clone(),
+            }),
+        }
+    }
 }
 
 impl Registry {
@@ -204,18 +256,29 @@ impl Registry {
         leased || in_flight
     }
 
-    /// Takes or renews `holder`'s lease on `name` (its current snapshot unless one is named).
+    /// Takes or renews `holder`'s lease on `name`. A new lease pins the dataset's current
+    /// snapshot unless one is named; a renewal keeps the snapshot it pins unless another is
+    /// named, so a pod's files never move under it.
     pub(crate) fn lease(
         &mut self,
         name: &str,
         holder: &str,
         snapshot: Option<&str>,
         expires_at: u64,
+        ask: &LeaseAsk,
     ) -> Result<Lease, LeaseRefused> {
+        let key = (name.to_string(), holder.to_string());
+        let held = self.leases.get(&key);
+        if let Some(lease) = held {
+            ask.may_change(lease)?;
+        } else if self.leases_of(name).count() >= ask.cap {
+            return Err(LeaseRefused::TooMany { cap: ask.cap });
+        }
         let entry = self.datasets.get_mut(name).ok_or(LeaseRefused::NotReady)?;
-        let digest = match snapshot {
-            Some(digest) => digest.to_string(),
-            None => entry.current.clone().ok_or(LeaseRefused::NotReady)?,
+        let digest = match (snapshot, held) {
+            (Some(digest), _) => digest.to_string(),
+            (None, Some(lease)) => lease.snapshot.clone(),
+            (None, None) => entry.current.clone().ok_or(LeaseRefused::NotReady)?,
         };
         let ready = entry
             .ready
@@ -225,12 +288,32 @@ impl Registry {
         let lease = Lease {
             dataset: name.to_string(),
             holder: holder.to_string(),
+            owner: ask.caller.identity.clone(),
             snapshot: digest,
             expires_at,
         };
-        self.leases
-            .insert((name.to_string(), holder.to_string()), lease.clone());
+        self.leases.insert(key, lease.clone());
         Ok(lease)
+    }
+
+    /// Releases `holder`'s lease on `name`.
+    pub(crate) fn release(
+        &mut self,
+        name: &str,
+        holder: &str,
+        ask: &LeaseAsk,
+    ) -> Result<Lease, LeaseRefused> {
+        let key = (name.to_string(), holder.to_string());
+        ask.may_change(self.leases.get(&key).ok_or(LeaseRefused::NotHeld)?)?;
+        Ok(self.leases.remove(&key).expect("checked above"))
+    }
+
+    /// The leases on `name`.
+    fn leases_of<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Lease> + 'a {
+        self.leases
+            .range((name.to_string(), String::new())..)
+            .take_while(move |((dataset, _), _)| dataset == name)
+            .map(|(_, lease)| lease)
     }
 
     /// Drops leases that ran out; returns how many.
@@ -323,11 +406,20 @@ mod tests {
         registry
     }
 
+    fn ask(caller: &Caller) -> LeaseAsk<'_> {
+        LeaseAsk {
+            caller,
+            admin: false,
+            cap: 2,
+        }
+    }
+
     #[test]
     fn a_lease_pins_its_snapshot_until_it_expires() {
         let mut registry = registry_with_ready();
+        let me = Caller::uid(1000);
         assert!(!registry.pinned("ds", "old", 100));
-        registry.lease("ds", "pod-1", None, 200).unwrap();
+        registry.lease("ds", "pod-1", None, 200, &ask(&me)).unwrap();
         assert!(registry.pinned("ds", "old", 100));
         assert!(!registry.pinned("ds", "old", 200), "expired at 200");
         assert_eq!(registry.expire_leases(200), 1);
@@ -337,17 +429,82 @@ mod tests {
     #[test]
     fn leases_need_a_ready_snapshot() {
         let mut registry = registry_with_ready();
+        let me = Caller::uid(1000);
         assert_eq!(
-            registry.lease("other", "pod", None, 1),
+            registry.lease("other", "pod", None, 1, &ask(&me)),
             Err(LeaseRefused::NotReady)
         );
         assert_eq!(
-            registry.lease("ds", "pod", Some("gone"), 1),
+            registry.lease("ds", "pod", Some("gone"), 1, &ask(&me)),
             Err(LeaseRefused::NoSuchSnapshot("gone".into()))
         );
         let status = registry.status(Path::new("/cache"), "ds");
         assert_eq!(status.state, State::Ready);
         assert_eq!(status.path.as_deref(), Some("/cache/ds/old"));
+    }
+
+    #[test]
+    fn only_the_owner_or_an_admin_renews_or_releases_a_lease() {
+        let mut registry = registry_with_ready();
+        let (owner, other) = (Caller::uid(1000), Caller::uid(2000));
+        registry.lease("ds", "pod", None, 10, &ask(&owner)).unwrap();
+        let not_owner = Err(LeaseRefused::NotOwner {
+            owner: "uid:1000".into(),
+        });
+        assert_eq!(
+            registry.lease("ds", "pod", None, 99, &ask(&other)),
+            not_owner
+        );
+        assert_eq!(registry.release("ds", "pod", &ask(&other)), not_owner);
+        assert_eq!(registry.leases[&("ds".into(), "pod".into())].expires_at, 10);
+        let renewed = registry.lease("ds", "pod", None, 20, &ask(&owner)).unwrap();
+        assert_eq!(renewed.expires_at, 20);
+        let admin = LeaseAsk {
+            admin: true,
+            ..ask(&other)
+        };
+        assert!(registry.release("ds", "pod", &admin).is_ok());
+        assert_eq!(
+            registry.release("ds", "pod", &ask(&owner)),
+            Err(LeaseRefused::NotHeld)
+        );
+    }
+
+    #[test]
+    fn a_renewal_keeps_its_snapshot_and_new_leases_stop_at_the_cap() {
+        let mut registry = registry_with_ready();
+        let me = Caller::uid(0);
+        registry.lease("ds", "a", None, 10, &ask(&me)).unwrap();
+        let entry = registry.datasets.get_mut("ds").unwrap();
+        entry.ready.insert("new".into(), entry.ready["old"].clone());
+        entry.current = Some("new".into());
+        let renewed = registry.lease("ds", "a", None, 20, &ask(&me)).unwrap();
+        assert_eq!(renewed.snapshot, "old", "the pod's files stay pinned");
+        assert_eq!(
+            registry
+                .lease("ds", "b", None, 20, &ask(&me))
+                .unwrap()
+                .snapshot,
+            "new"
+        );
+        assert_eq!(
+            registry.lease("ds", "c", None, 20, &ask(&me)),
+            Err(LeaseRefused::TooMany { cap: 2 })
+        );
+        assert!(
+            registry.lease("ds", "b", None, 30, &ask(&me)).is_ok(),
+            "renewals pass"
+        );
+        let other = registry.datasets.entry("zz".into()).or_default();
+        other.ready.insert(
+            "d".into(),
+            registry_with_ready().datasets["ds"].ready["old"].clone(),
+        );
+        other.current = Some("d".into());
+        assert!(
+            registry.lease("zz", "a", None, 20, &ask(&me)).is_ok(),
+            "caps are per dataset"
+        );
     }
 
     #[test]

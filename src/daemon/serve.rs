@@ -4,6 +4,9 @@
 //! idle keep-alive connection) is closed. So half-sent or silent connections cannot pile up and
 //! hold the daemon's descriptors.
 //!
+//! Each connection's requests carry its caller when the transport names one (the socket
+//! peer's uid); TCP callers are named later, by their token.
+//!
 //! On stop it accepts no more, asks every connection to finish the request in progress and
 //! close, and returns when they have.
 
@@ -11,22 +14,27 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::serve::Listener;
-use axum::Router;
+use axum::{Extension, Router};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
+use super::identity::Peer;
+
 /// Connections served at once per listener.
 pub(crate) const MAX_CONNECTIONS: usize = 512;
 
 /// Serves `app` on `listener` until `stop` turns true.
-pub(crate) async fn serve<L: Listener>(
+pub(crate) async fn serve<L>(
     mut listener: L,
     app: Router,
     header_timeout: Duration,
     mut stop: watch::Receiver<bool>,
-) {
+) where
+    L: Listener,
+    L::Io: Peer,
+{
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut connections = JoinSet::new();
     loop {
@@ -38,7 +46,11 @@ pub(crate) async fn serve<L: Listener>(
             accepted = listener.accept() => accepted,
             _ = stop.wait_for(|stop| *stop) => break,
         };
-        let service = TowerToHyperService::new(app.clone());
+        let app = match io.caller() {
+            Some(caller) => app.clone().layer(Extension(caller)),
+            None => app.clone(),
+        };
+        let service = TowerToHyperService::new(app);
         let mut stop = stop.clone();
         connections.spawn(async move {
             let _slot = slot;

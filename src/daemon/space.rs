@@ -18,13 +18,9 @@ pub(crate) struct Usage {
     pub exclusive: u64,
 }
 
-/// Walks `dir` (never following symlinks) and adds up its files' allocated bytes.
-pub(crate) fn usage(dir: &Path) -> io::Result<Usage> {
-    Ok(usage_within(dir, &[])?.0)
-}
-
-/// [`usage`] of `dir`, and in the same walk the usage of each of `parts` (directories inside
-/// `dir`), so measuring the cache and its hydrations in flight reads each file once.
+/// Walks `dir` (never following symlinks) and adds up its files' allocated bytes; in the same
+/// walk, the usage of each of `parts` (directories inside `dir`), so measuring a dataset and
+/// its snapshots reads each file once.
 pub(crate) fn usage_within(dir: &Path, parts: &[PathBuf]) -> io::Result<(Usage, Vec<Usage>)> {
     let mut total = Usage::default();
     let mut of_parts = vec![Usage::default(); parts.len()];
@@ -141,6 +137,10 @@ pub(crate) fn choose(mut candidates: Vec<Candidate>, deficit: u64) -> Option<Vec
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn usage(dir: &Path) -> io::Result<Usage> {
+        Ok(usage_within(dir, &[])?.0)
+    }
 
     fn candidate(name: &str, last_used: u64, frees: u64) -> Candidate {
         Candidate {

@@ -1,0 +1,152 @@
+//! Who is asking. A caller on the unix socket is the peer's uid, read from the connection
+//! (`SO_PEERCRED`), which a pod cannot forge; a caller over TCP is the name of the bearer
+//! token it sent. A lease belongs to the identity that took it: only that identity, or one the
+//! catalog names as an admin, can renew or release it. A token may also be limited to some
+//! datasets (one token per namespace).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+/// The identity of a request, attached to it by the listener (socket) or the token check (TCP).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Caller {
+    /// `uid:<n>` or `token:<name>`.
+    pub identity: String,
+    /// The datasets it may use; `None`: all of the catalog.
+    pub datasets: Option<Arc<BTreeSet<String>>>,
+}
+
+impl Caller {
+    pub(crate) fn uid(uid: u32) -> Self {
+        Self {
+            identity: format!("uid:{uid}"),
+            datasets: None,
+        }
+    }
+
+    /// A socket peer whose credentials could not be read: it owns nothing anyone else does.
+    pub(crate) fn unknown_peer() -> Self {
+        Self {
+            identity: "uid:unknown".into(),
+            datasets: None,
+        }
+    }
+
+    pub(crate) fn token(token: &Token) -> Self {
+        Self {
+            identity: format!("token:{}", token.name),
+            datasets: token.datasets.clone(),
+        }
+    }
+
+    pub(crate) fn may_use(&self, dataset: &str) -> bool {
+        self.datasets.as_ref().is_none_or(|d| d.contains(dataset))
+    }
+}
+
+/// A bearer token the TCP listener accepts.
+#[derive(Clone, PartialEq)]
+pub(crate) struct Token {
+    pub name: String,
+    pub secret: String,
+    pub datasets: Option<Arc<BTreeSet<String>>>,
+}
+
+/// The secret never reaches a log or a panic message.
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Token")
+            .field("name", &self.name)
+            .field("secret", &"<redacted>")
+            .field("datasets", &self.datasets)
+            .finish()
+    }
+}
+
+/// The token whose secret is `given`, comparing every token whole so the time taken does not
+/// tell how much of a secret matched.
+pub(crate) fn find_token<'a>(tokens: &'a [Token], given: &str) -> Option<&'a Token> {
+    tokens.iter().fold(None, |found, token| {
+        match constant_time_eq(given.as_bytes(), token.secret.as_bytes()) {
+            true => Some(token),
+            false => found,
+        }
+    })
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// How a connection names its caller.
+pub(crate) trait Peer {
+    /// The caller on this connection, when the transport tells (the socket does; TCP callers
+    /// are named by their token).
+    fn caller(&self) -> Option<Caller>;
+}
+
+impl Peer for tokio::net::UnixStream {
+    fn caller(&self) -> Option<Caller> {
+        Some(match self.peer_cred() {
+            Ok(credentials) => Caller::uid(credentials.uid()),
+            Err(err) => {
+                tracing::warn!("cannot read a socket peer's credentials: {err}");
+                Caller::unknown_peer()
+            }
+        })
+    }
+}
+
+impl Peer for tokio::net::TcpStream {
+    fn caller(&self) -> Option<Caller> {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn token(name: &str, secret: &str) -> Token {
+        Token {
+            name: name.into(),
+            secret: secret.into(),
+            datasets: None,
+        }
+    }
+
+    #[test]
+    fn tokens_compare_whole() {
+        let tokens = [token("a", "secret-token"), token("b", "other-secret")];
+        assert_eq!(find_token(&tokens, "secret-token").unwrap().name, "a");
+        assert_eq!(find_token(&tokens, "other-secret").unwrap().name, "b");
+        assert!(find_token(&tokens, "secret-toke").is_none());
+        assert!(find_token(&tokens, "secret-tokem").is_none());
+        assert!(find_token(&tokens, "").is_none());
+    }
+
+    #[test]
+    fn a_scoped_token_uses_only_its_datasets() {
+        let scoped = Token {
+            datasets: Some(Arc::new(["coco".to_string()].into())),
+            ..token("team-a", "s")
+        };
+        let caller = Caller::token(&scoped);
+        assert_eq!(caller.identity, "token:team-a");
+        assert!(caller.may_use("coco"));
+        assert!(!caller.may_use("imagenet"));
+        assert!(Caller::uid(1000).may_use("imagenet"));
+    }
+
+    #[tokio::test]
+    async fn a_socket_peer_is_its_uid() {
+        let (a, _b) = tokio::net::UnixStream::pair().unwrap();
+        let uid = rustix::process::getuid().as_raw();
+        assert_eq!(a.caller(), Some(Caller::uid(uid)));
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let stream = tokio::net::TcpStream::connect(tcp.local_addr().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(stream.caller(), None);
+    }
+}
