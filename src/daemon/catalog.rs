@@ -663,7 +663,12 @@ mod tests {
             &listen,
         );
         let catalog = parse(&text, env).unwrap();
-        let names: Vec<_> = catalog.listen.tokens.iter().map(|t| t.name.as_str()).collect();
+        let names: Vec<_> = catalog
+            .listen
+            .tokens
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect();
         assert_eq!(names, ["team-a", "ops"]);
         let team_a = super::super::identity::Caller::token(&catalog.listen.tokens[0]);
         assert!(team_a.may_use("coco") && !team_a.may_use("imagenet"));

@@ -27,6 +27,28 @@ fn assert_ok(output: &std::process::Output, daemon: &Daemon) {
     );
 }
 
+/// A daemon on the in-process server whose catalog holds one dataset, `name`, of `files`
+/// (under the prefix `name/`); `cache_extra` adds lines to `[cache]`.
+fn one_dataset(
+    name: &str,
+    files: &BTreeMap<String, Vec<u8>>,
+    cache_extra: &str,
+) -> (Daemon, tempfile::TempDir, Server) {
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = format!("{name}/");
+    server.seed(&prefix, files);
+    let text = catalog(
+        dir.path(),
+        &server.target,
+        "1GiB",
+        cache_extra,
+        &[dataset(name, &prefix)],
+    );
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    (daemon, dir, server)
+}
+
 fn dataset_files(seed: u64, count: usize, size: usize) -> BTreeMap<String, Vec<u8>> {
     (0..count)
         .map(|i| {
@@ -166,17 +188,7 @@ fn eviction_under_a_small_quota_spares_leased_snapshots() {
 
 #[test]
 fn expired_leases_are_released() {
-    let server = Server::local();
-    let dir = tempfile::tempdir().unwrap();
-    server.seed("e/", &files(&[("x", content(7, 1000))]));
-    let text = catalog(
-        dir.path(),
-        &server.target,
-        "1GiB",
-        "",
-        &[dataset("e", "e/")],
-    );
-    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    let (daemon, _dir, _server) = one_dataset("e", &files(&[("x", content(7, 1000))]), "");
     assert_ok(
         &daemon.warm("e", &["--lease-holder", "pod-1", "--lease-ttl", "1"]),
         &daemon,
@@ -833,4 +845,246 @@ fn raise_open_file_limit(want: u64) {
         limit.rlim_cur = limit.rlim_cur.max(want.min(limit.rlim_max));
         libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
     }
+}
+
+/// Writes a token file in `dir`; returns its path as TOML-ready text.
+fn token_file(dir: &Path, name: &str, secret: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, secret).unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    format!("{:?}", path.display().to_string())
+}
+
+#[test]
+fn a_lease_belongs_to_its_taker_and_only_an_admin_may_take_it_away() {
+    const TEAM: &str = "team-a-token-0123456789";
+    const OTHER: &str = "team-b-token-0123456789";
+    const OPS: &str = "operations-token-0123456789";
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    server.seed("o/", &files(&[("x", content(21, 1000))]));
+    server.seed("p/", &files(&[("y", content(22, 1000))]));
+    let tokens = format!(
+        "\n[[listen.tokens]]\nname = \"team-a\"\nfile = {}\ndatasets = [\"o\"]\n\
+         [[listen.tokens]]\nname = \"team-b\"\nfile = {}\ndatasets = [\"p\"]\n\
+         [[listen.tokens]]\nname = \"ops\"\nfile = {}\n",
+        token_file(dir.path(), "team-a", TEAM),
+        token_file(dir.path(), "team-b", OTHER),
+        token_file(dir.path(), "ops", OPS),
+    );
+    let text = catalog(
+        dir.path(),
+        &server.target,
+        "1GiB",
+        "",
+        &[dataset("o", "o/"), dataset("p", "p/")],
+    )
+    .replace(
+        "[listen]\n",
+        "[listen]\nadmins = [\"token:ops\"]\nsocket_mode = \"0666\"\n",
+    ) + &tokens;
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    assert_ok(&daemon.warm("o", &["--lease-holder", "pod-1"]), &daemon);
+    let me = format!("uid:{}", std::fs::metadata("/proc/self").unwrap().uid());
+    // The default token file is written 0644 by the harness, the named ones 0600.
+    let log = daemon.log();
+    let warned = |file: &str| log.contains(&format!("{file} is readable by every user"));
+    assert!(warned(&format!("{}/token", dir.path().display())), "{log}");
+    assert!(!warned("team-a"), "{log}");
+
+    // Another identity can neither renew nor release the socket caller's lease.
+    let path = "/v1/datasets/o/leases/pod-1";
+    for method in ["PUT", "DELETE"] {
+        let (code, body) = daemon.tcp_request(method, path, "", TEAM);
+        assert_eq!(code, 403, "{method}: {body}");
+        assert!(body.contains(&format!("belongs to {me}")), "{body}");
+    }
+    // A token's own lease is its own; a token limited to other datasets sees none of this one.
+    let (code, body) = daemon.tcp_request("PUT", "/v1/datasets/o/leases/job-7", "", TEAM);
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"owner\":\"token:team-a\""), "{body}");
+    let (code, _) = daemon.tcp_request("DELETE", "/v1/datasets/o/leases/job-7", "", TOKEN);
+    assert_eq!(code, 403, "the default token is another identity");
+    let (code, body) = daemon.tcp_request("GET", "/v1/datasets/o", "", OTHER);
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        body.contains(r#"token:team-b may not use dataset \"o\""#),
+        "{body}"
+    );
+    let (_, body) = daemon.tcp_request("GET", "/v1/datasets", "", OTHER);
+    assert!(body.contains("\"p\"") && !body.contains("\"o\""), "{body}");
+    // The admin may release anyone's lease.
+    let (code, body) = daemon.tcp_request("DELETE", "/v1/datasets/o/leases/job-7", "", OPS);
+    assert_eq!(code, 204, "{body}");
+
+    // On the socket, another uid is another owner: the same holder name does not make it one.
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    if me == "uid:0" {
+        let output = std::os::unix::process::CommandExt::uid(
+            &mut daemon.warm_command("o", &["--lease-holder", "pod-1"]),
+            65534,
+        )
+        .output()
+        .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("belongs to uid:0"), "{stderr}");
+    } else {
+        eprintln!("not root: the other-uid half of this test needs to run as root");
+    }
+    let (code, _) = daemon.request("DELETE", path, "");
+    assert_eq!(code, 204, "the owner releases its own lease");
+}
+
+#[test]
+fn a_lease_flood_stops_at_the_cap_and_state_is_saved_in_batches() {
+    let (daemon, dir, _server) = one_dataset(
+        "f",
+        &files(&[("x", content(23, 1000))]),
+        "max_leases_per_dataset = 50",
+    );
+    assert_ok(&daemon.warm("f", &[]), &daemon);
+    let saves_before = daemon.metric("hydrator_state_saves_total");
+    let codes: Vec<u16> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..20)
+            .map(|worker| {
+                let daemon = &daemon;
+                scope.spawn(move || {
+                    (0..10)
+                        .map(|i| {
+                            let path = format!("/v1/datasets/f/leases/pod-{worker}-{i}");
+                            daemon.request("PUT", &path, "").0
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect()
+    });
+    let granted = codes.iter().filter(|&&c| c == 200).count();
+    let refused = codes.iter().filter(|&&c| c == 429).count();
+    assert_eq!((granted, refused), (50, 150), "{codes:?}");
+    let saves = daemon.metric("hydrator_state_saves_total") - saves_before;
+    eprintln!("{saves} writes of state.json for 50 leases granted and 150 refused");
+    assert!(
+        (1.0..=25.0).contains(&saves),
+        "{saves} state writes for 50 leases"
+    );
+    let (_, body) = daemon.request("PUT", "/v1/datasets/f/leases/pod-0-0", "");
+    assert!(body.contains("pod-0-0"), "a renewal passes the cap: {body}");
+    let (status, _) = daemon.terminate();
+    assert!(status.success());
+    let state: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(dir.path().join("cache/.daemon/state.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(state["leases"].as_array().unwrap().len(), 50);
+}
+
+#[test]
+fn an_idle_cache_is_measured_once_not_at_every_maintenance_pass() {
+    let (daemon, dir, server) = one_dataset("w", &files(&[("x", content(24, MIB))]), "");
+    assert_ok(&daemon.warm("w", &[]), &daemon);
+    wait_until(
+        "a pass measures the new snapshot",
+        Duration::from_secs(10),
+        || daemon.metric("hydrator_cache_used_bytes") >= MIB as f64,
+    );
+    let walks = daemon.metric("hydrator_cache_walks_total");
+    std::thread::sleep(Duration::from_secs(4)); // four maintenance passes
+    assert_eq!(daemon.metric("hydrator_cache_walks_total"), walks);
+    // .daemon/ is the daemon's own: what is written there is not counted against the quota.
+    let used = daemon.metric("hydrator_cache_used_bytes");
+    std::fs::write(dir.path().join("cache/.daemon/junk"), vec![1u8; 4 * MIB]).unwrap();
+    server.seed(
+        "w/",
+        &files(&[("x", content(24, MIB)), ("y", content(25, 1000))]),
+    );
+    assert_ok(&daemon.warm("w", &[]), &daemon);
+    wait_until(
+        "the changed dataset is measured again",
+        Duration::from_secs(10),
+        || daemon.metric("hydrator_cache_walks_total") > walks,
+    );
+    let after = daemon.metric("hydrator_cache_used_bytes");
+    assert!(
+        after < used + MIB as f64,
+        "{used} -> {after}: .daemon/ is not counted"
+    );
+}
+
+#[test]
+fn the_lease_sidecar_renews_while_it_runs_and_releases_on_sigterm() {
+    let (daemon, dir, server) = one_dataset("l", &files(&[("x", content(26, 1000))]), "");
+    let path_file = dir.path().join("l.path");
+    let path_arg = path_file.to_str().unwrap();
+    let warm = daemon.warm(
+        "l",
+        &[
+            "--lease-holder",
+            "pod-9",
+            "--lease-ttl",
+            "3",
+            "--path-file",
+            path_arg,
+        ],
+    );
+    assert_ok(&warm, &daemon);
+    let snapshot = daemon.status("l")["snapshot"].as_str().unwrap().to_string();
+    // The source moves on: a new current snapshot must not move the pod's lease.
+    server.seed("l/", &files(&[("x", content(27, 1000))]));
+    assert_ok(&daemon.warm("l", &[]), &daemon);
+    assert_ne!(daemon.status("l")["snapshot"], snapshot.as_str());
+
+    let mut sidecar = crate::support::hydrator_command(&server.target)
+        .args(["lease", "l", "--holder", "pod-9", "--ttl", "3"])
+        .arg("--daemon")
+        .arg(format!("unix://{}", daemon.socket.display()))
+        .args(["--path-file", path_arg])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(6)); // twice the TTL
+    let (_, body) = daemon.request("GET", "/v1/leases", "");
+    let leases: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+    assert_eq!(leases.len(), 1, "renewed, not expired: {body}");
+    assert_eq!(
+        leases[0]["snapshot"],
+        snapshot.as_str(),
+        "the pod's snapshot"
+    );
+    assert!(Path::new(&stdout(&warm)).exists());
+
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(sidecar.id() as i32, libc::SIGTERM) };
+    let status = sidecar.wait().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut sidecar.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("released l"), "{stderr}");
+    assert_eq!(daemon.request("GET", "/v1/leases", "").1.trim(), "[]");
+}
+
+#[test]
+fn a_lease_that_cannot_be_saved_answers_500_and_the_next_save_recovers() {
+    let (daemon, dir, _server) = one_dataset("v", &files(&[("x", content(28, 1000))]), "");
+    assert_ok(&daemon.warm("v", &[]), &daemon);
+    // A directory where the state's temporary file goes makes every save fail.
+    let blocker = dir.path().join("cache/.daemon/state.json.tmp");
+    std::fs::create_dir(&blocker).unwrap();
+    let (code, body) = daemon.request("PUT", "/v1/datasets/v/leases/pod", "");
+    assert_eq!(code, 500, "{body}");
+    assert!(body.contains("saving the daemon state failed"), "{body}");
+    std::fs::remove_dir(&blocker).unwrap();
+    let (code, body) = daemon.request("PUT", "/v1/datasets/v/leases/pod", "");
+    assert_eq!(code, 200, "{body}");
+    let state = std::fs::read_to_string(dir.path().join("cache/.daemon/state.json")).unwrap();
+    assert!(state.contains("\"holder\":\"pod\""), "{state}");
 }
