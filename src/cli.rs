@@ -79,6 +79,8 @@ pub enum Command {
     /// Hold a lease on a dataset's snapshot while this process runs (a pod's sidecar): renew
     /// it, release it on SIGTERM.
     Lease(LeaseArgs),
+    /// Run the CSI node plugin: serve datasets to pods as read-only inline volumes.
+    Csi(CsiArgs),
     /// Start an S3 server in-process, seed it with a generated dataset and sync it.
     #[cfg(feature = "demo")]
     Demo(DemoArgs),
@@ -135,6 +137,32 @@ pub struct LeaseArgs {
     /// files the pod reads are the files pinned.
     #[arg(long, env = "HYDRATOR_PATH_FILE")]
     pub path_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub connection: DaemonConnection,
+}
+
+#[derive(Debug, Args)]
+pub struct CsiArgs {
+    /// Where the kubelet talks to the plugin.
+    #[arg(long, env = "CSI_ENDPOINT", default_value = "unix:///csi/csi.sock")]
+    pub endpoint: String,
+    /// This node's name (the kubelet's node name).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_id: String,
+    /// The driver name pods use in their `csi:` volumes.
+    #[arg(
+        long,
+        env = "HYDRATOR_CSI_DRIVER",
+        default_value = "cache.hydrator.dev"
+    )]
+    pub driver_name: String,
+    /// Where published volumes are recorded (a hostPath, kept across restarts).
+    #[arg(
+        long,
+        env = "HYDRATOR_CSI_STATE",
+        default_value = "/var/lib/hydrator-csi"
+    )]
+    pub state_dir: PathBuf,
     #[command(flatten)]
     pub connection: DaemonConnection,
 }

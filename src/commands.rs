@@ -1,5 +1,5 @@
-//! Runs a subcommand: `sync` and `demo` through the engine, `daemon`, `warm` and `lease`
-//! through their modules, `verify` and `snapshot` here; and how a run's outcome is shown.
+//! Runs a subcommand: `sync` and `demo` through the engine, `daemon`, `warm`, `lease` and
+//! `csi` through their modules, `verify` and `snapshot` here; and how a run's outcome is shown.
 
 use crate::cli::{Command, SnapshotArgs, VerifyArgs};
 use crate::config::SyncConfig;
@@ -28,6 +28,7 @@ pub async fn run(command: Command) -> Result<Exit, SyncError> {
         Command::Daemon(args) => crate::daemon::run(&args.config).await,
         Command::Warm(args) => crate::warm::run(args).await,
         Command::Lease(args) => crate::lease::run(args).await,
+        Command::Csi(args) => crate::csi::run(args).await,
     }
 }
 

@@ -40,6 +40,7 @@ pub(crate) async fn run(args: LeaseArgs) -> Result<Exit, SyncError> {
     let request = serde_json::to_vec(&LeaseRequest {
         ttl_seconds: Some(args.ttl),
         snapshot,
+        until_released: false,
     })
     .expect("a lease request serialises");
     let (Ok(mut term), Ok(mut int)) = (

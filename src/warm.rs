@@ -220,6 +220,7 @@ async fn lease(
     let request = LeaseRequest {
         ttl_seconds: ttl,
         snapshot: status.snapshot.clone(),
+        until_released: false,
     };
     let body = serde_json::to_vec(&request).expect("a lease request serialises");
     let holder_path = percent_encode(holder);

@@ -16,7 +16,9 @@ use serde::de::DeserializeOwned;
 
 use super::flight::{self, Warm};
 use super::identity::{self, Caller};
-use super::protocol::{DatasetStatus, ErrorBody, LeaseRequest, State as DatasetState, WarmRequest};
+use super::protocol::{
+    DatasetStatus, ErrorBody, LeaseRequest, State as DatasetState, WarmRequest, UNTIL_RELEASED,
+};
 use super::registry::{self, LeaseAsk, LeaseRefused};
 use super::Daemon;
 
@@ -231,20 +233,35 @@ async fn take_lease(
         );
     }
     let catalog = daemon.catalog();
-    let ttl = request
-        .ttl_seconds
-        .unwrap_or(catalog.cache.default_lease_ttl.as_secs())
-        .min(catalog.cache.max_lease_ttl.as_secs());
-    if ttl == 0 {
-        return error(StatusCode::BAD_REQUEST, "ttl_seconds must be at least 1");
-    }
-    let expires_at = registry::now_unix().saturating_add(ttl);
+    let ask = lease_ask(&daemon, &caller);
+    let expires_at = match request.until_released {
+        true if !ask.admin => {
+            return error(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "{} may not take a lease until released (listen.admins only)",
+                    caller.identity
+                ),
+            )
+        }
+        true => UNTIL_RELEASED,
+        false => {
+            let ttl = request
+                .ttl_seconds
+                .unwrap_or(catalog.cache.default_lease_ttl.as_secs())
+                .min(catalog.cache.max_lease_ttl.as_secs());
+            if ttl == 0 {
+                return error(StatusCode::BAD_REQUEST, "ttl_seconds must be at least 1");
+            }
+            registry::now_unix().saturating_add(ttl)
+        }
+    };
     let taken = daemon.registry().lease(
         &name,
         &holder,
         request.snapshot.as_deref(),
         expires_at,
-        &lease_ask(&daemon, &caller),
+        &ask,
     );
     match taken {
         Ok(lease) => match saved(&daemon).await {

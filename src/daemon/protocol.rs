@@ -115,7 +115,13 @@ pub(crate) struct LeaseRequest {
     /// The snapshot to pin (default: the dataset's current ready snapshot).
     #[serde(default)]
     pub snapshot: Option<String>,
+    /// No expiry: held until released (admin identities only, for the CSI plugin's mounts).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub until_released: bool,
 }
+
+/// A lease's `expires_at` when it is held until released.
+pub(crate) const UNTIL_RELEASED: u64 = u64::MAX;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Lease {
@@ -126,7 +132,7 @@ pub(crate) struct Lease {
     #[serde(default)]
     pub owner: String,
     pub snapshot: String,
-    /// Unix seconds.
+    /// Unix seconds; [`UNTIL_RELEASED`] (2^64 - 1) when it is held until released.
     pub expires_at: u64,
 }
 

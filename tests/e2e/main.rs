@@ -4,6 +4,7 @@
 #[macro_use]
 mod support;
 mod container;
+mod csi;
 mod daemon;
 mod dataset;
 mod sync;

@@ -23,6 +23,7 @@ macro_rules! on_both_servers {
     };
 }
 
+pub mod csi;
 pub mod daemon;
 pub mod faults;
 pub mod garage;

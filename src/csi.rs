@@ -1,0 +1,139 @@
+//! `hydrator csi`: a CSI node plugin that gives pods a ready dataset as an inline ephemeral
+//! volume (`csi: {driver, readOnly: true, volumeAttributes: {dataset: NAME}}`), a bind mount
+//! of the daemon's snapshot directory, read-only and leased for exactly the pod's lifetime.
+//!
+//! Why a CSI plugin: the Baseline and Restricted Pod Security levels refuse `hostPath`, so a
+//! pod there can mount neither the daemon's socket nor the cache; they admit `csi` volumes. The
+//! plugin runs beside the daemon (same binary and image, a privileged container of the node
+//! DaemonSet) and talks to it over its socket like any client; the trainer sees only its
+//! dataset's directory, needs no token and runs unprivileged.
+//!
+//! The protocol is compiled from `csi.proto` (spec v1.12.0) by `src/build.rs`.
+
+/// The CSI protocol's messages and services (generated).
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
+pub mod proto {
+    tonic::include_proto!("csi.v1");
+}
+
+mod mount;
+mod plugin;
+mod service;
+mod volumes;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::signal::unix::{signal, SignalKind};
+use tokio_stream::wrappers::UnixListenerStream;
+
+use crate::cli::CsiArgs;
+use crate::daemon_client::Client;
+use crate::error::{Exit, SyncError, UsageError};
+use plugin::Plugin;
+use proto::identity_server::IdentityServer;
+use proto::node_server::NodeServer;
+use service::IdentityService;
+
+/// How often leases are matched against what is mounted.
+const RECONCILE_EVERY: Duration = Duration::from_secs(60);
+
+pub(crate) async fn run(args: CsiArgs) -> Result<Exit, SyncError> {
+    let socket = socket_path(&args.endpoint)?;
+    let volumes = volumes::Volumes::open(&args.state_dir)
+        .map_err(|e| UsageError::new(format!("--state-dir {}: {e}", args.state_dir.display())))?;
+    let plugin = Arc::new(Plugin::new(
+        Client::new(&args.connection, "csi", None)?,
+        volumes,
+    ));
+    let identity = IdentityService {
+        name: args.driver_name.clone(),
+        daemon: Arc::new(Client::new(&args.connection, "csi", None)?),
+    };
+    let node = service::NodeService {
+        node_id: args.node_id.clone(),
+        plugin: plugin.clone(),
+    };
+    let listener = bind(&socket)?;
+    tracing::info!(
+        "CSI driver {} on node {} listening on unix:{}",
+        args.driver_name,
+        args.node_id,
+        socket.display()
+    );
+    let reconciler = tokio::spawn(async move {
+        loop {
+            plugin.reconcile().await;
+            tokio::time::sleep(RECONCILE_EVERY).await;
+        }
+    });
+    let served = tonic::transport::Server::builder()
+        .add_service(IdentityServer::new(identity))
+        .add_service(NodeServer::new(node))
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop_signal())
+        .await;
+    reconciler.abort();
+    let _ = std::fs::remove_file(&socket);
+    served.map_err(|e| UsageError::new(format!("serving CSI on {}: {e}", socket.display())))?;
+    tracing::info!("stopped; published volumes stay mounted");
+    Ok(Exit::Success)
+}
+
+/// `unix:///csi/csi.sock` (as the kubelet's registrar writes it) or a plain absolute path.
+fn socket_path(endpoint: &str) -> Result<PathBuf, UsageError> {
+    let path = Path::new(endpoint.strip_prefix("unix://").unwrap_or(endpoint));
+    match path.is_absolute() {
+        true => Ok(path.to_path_buf()),
+        false => Err(UsageError::new(format!(
+            "--endpoint {endpoint:?} must be unix:///PATH/TO/csi.sock"
+        ))),
+    }
+}
+
+/// Binds the plugin's socket, replacing one a killed plugin left behind.
+fn bind(socket: &Path) -> Result<tokio::net::UnixListener, UsageError> {
+    let bad = |e: std::io::Error| UsageError::new(format!("--endpoint {}: {e}", socket.display()));
+    if let Some(parent) = socket.parent() {
+        std::fs::create_dir_all(parent).map_err(bad)?;
+    }
+    match std::fs::remove_file(socket) {
+        Err(err) if err.kind() != std::io::ErrorKind::NotFound => return Err(bad(err)),
+        _ => {}
+    }
+    tokio::net::UnixListener::bind(socket).map_err(bad)
+}
+
+async fn stop_signal() {
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_are_unix_sockets() {
+        assert_eq!(
+            socket_path("unix:///csi/csi.sock").unwrap(),
+            Path::new("/csi/csi.sock")
+        );
+        assert_eq!(
+            socket_path("/csi/csi.sock").unwrap(),
+            Path::new("/csi/csi.sock")
+        );
+        assert!(socket_path("unix://csi.sock").is_err());
+        assert!(socket_path("tcp://1.2.3.4:5").is_err());
+    }
+}

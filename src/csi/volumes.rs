@@ -1,0 +1,114 @@
+//! What the plugin has published, one small file per volume under `STATE_DIR/volumes/`, so a
+//! restarted plugin knows each volume's dataset, snapshot, lease holder and target: it can
+//! unpublish a volume it did not publish in this life, and renew or drop leases to match what
+//! is mounted.
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::fs;
+
+/// One published (or being published) volume.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Volume {
+    pub id: String,
+    pub dataset: String,
+    pub snapshot: String,
+    /// The daemon lease that pins the snapshot: `POD_UID:VOLUME_ID`.
+    pub holder: String,
+    pub target: PathBuf,
+}
+
+pub(crate) struct Volumes {
+    dir: PathBuf,
+}
+
+impl Volumes {
+    pub(crate) fn open(state_dir: &Path) -> io::Result<Self> {
+        let dir = state_dir.join("volumes");
+        std::fs::create_dir_all(&dir)?;
+        Ok(Self { dir })
+    }
+
+    fn path(&self, id: &str) -> PathBuf {
+        self.dir.join(format!("{id}.json"))
+    }
+
+    pub(crate) fn read(&self, id: &str) -> io::Result<Option<Volume>> {
+        match std::fs::read(self.path(id)) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(io::Error::other),
+            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
+    pub(crate) fn write(&self, volume: &Volume) -> io::Result<()> {
+        let json = serde_json::to_vec(volume).map_err(io::Error::other)?;
+        fs::write_atomic_path(&self.path(&volume.id), |file| file.write_all(&json))
+    }
+
+    pub(crate) fn remove(&self, id: &str) -> io::Result<()> {
+        match std::fs::remove_file(self.path(id)) {
+            Err(err) if err.kind() != io::ErrorKind::NotFound => Err(err),
+            _ => Ok(()),
+        }
+    }
+
+    /// Every recorded volume; a record that cannot be read is logged and skipped.
+    pub(crate) fn all(&self) -> io::Result<Vec<Volume>> {
+        let mut volumes = Vec::new();
+        for entry in std::fs::read_dir(&self.dir)? {
+            let name = entry?.file_name().to_string_lossy().into_owned();
+            let Some(id) = name.strip_suffix(".json") else {
+                continue;
+            };
+            match self.read(id) {
+                Ok(Some(volume)) => volumes.push(volume),
+                Ok(None) => {}
+                Err(err) => tracing::error!("volume record {name}: {err}"),
+            }
+        }
+        Ok(volumes)
+    }
+}
+
+/// A volume id names a record file: letters, digits, `-`, `_` and `.`, not starting with `.`.
+pub(crate) fn valid_id(id: &str) -> bool {
+    (1..=128).contains(&id.len())
+        && !id.starts_with('.')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_ids_are_file_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let volumes = Volumes::open(dir.path()).unwrap();
+        let volume = Volume {
+            id: "csi-0123abcd".into(),
+            dataset: "coco".into(),
+            snapshot: "ab".repeat(32),
+            holder: "pod:csi-0123abcd".into(),
+            target: "/var/lib/kubelet/pods/p/volumes/v/mount".into(),
+        };
+        volumes.write(&volume).unwrap();
+        assert_eq!(volumes.read(&volume.id).unwrap(), Some(volume.clone()));
+        assert_eq!(volumes.all().unwrap(), vec![volume.clone()]);
+        volumes.remove(&volume.id).unwrap();
+        volumes.remove(&volume.id).unwrap();
+        assert_eq!(volumes.read(&volume.id).unwrap(), None);
+        for bad in ["", "../x", ".hidden", "a/b", "a\0b"] {
+            assert!(!valid_id(bad), "{bad:?}");
+        }
+        assert!(valid_id("csi-5f2e9a.v1_x"));
+    }
+}

@@ -1,0 +1,246 @@
+//! Running the real `hydrator csi` plugin beside a test daemon and calling it the way the
+//! kubelet does: gRPC over its unix socket, with a client built from the same CSI proto.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use hydrator::csi::proto::identity_client::IdentityClient;
+use hydrator::csi::proto::node_client::NodeClient;
+use hydrator::csi::proto::volume_capability::{AccessType, MountVolume};
+use hydrator::csi::proto::*;
+use hyper_util::rt::TokioIo;
+use tonic::transport::Channel;
+
+use super::daemon::Daemon;
+
+/// A running plugin; killed when dropped, and every target it was asked to publish is
+/// unmounted, so a failed test leaves no mount behind.
+pub struct Csi {
+    pub child: Child,
+    pub socket: PathBuf,
+    dir: PathBuf,
+    daemon_socket: PathBuf,
+    runtime: tokio::runtime::Runtime,
+    targets: Mutex<Vec<PathBuf>>,
+}
+
+/// One inline ephemeral volume of a pod, as the kubelet describes it.
+pub struct Volume<'a> {
+    pub id: &'a str,
+    pub pod_uid: &'a str,
+    pub dataset: &'a str,
+    pub target: &'a Path,
+    pub readonly: bool,
+    /// More volume attributes (`snapshot`).
+    pub attributes: &'a [(&'a str, &'a str)],
+}
+
+pub fn volume<'a>(id: &'a str, pod_uid: &'a str, dataset: &'a str, target: &'a Path) -> Volume<'a> {
+    Volume {
+        id,
+        pod_uid,
+        dataset,
+        target,
+        readonly: true,
+        attributes: &[],
+    }
+}
+
+impl Csi {
+    /// Starts `hydrator csi` in `dir` against `daemon`; waits until it answers a probe.
+    pub fn start(dir: &Path, daemon: &Daemon) -> Self {
+        let socket = dir.join("csi.sock");
+        let child = spawn(dir, &socket, &daemon.socket);
+        let csi = Self {
+            child,
+            socket,
+            dir: dir.to_path_buf(),
+            daemon_socket: daemon.socket.clone(),
+            runtime: tokio::runtime::Runtime::new().unwrap(),
+            targets: Mutex::default(),
+        };
+        csi.wait_until_ready();
+        csi
+    }
+
+    fn wait_until_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !self.probe().is_ok_and(|ready| ready) {
+            assert!(Instant::now() < deadline, "plugin not up:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("csi.log")).unwrap_or_default()
+    }
+
+    /// SIGKILL, as a crash or an OOM kill would end it; published mounts stay.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Kills the plugin and starts it again, as a crash and the DaemonSet's restart would.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.child = spawn(&self.dir, &self.socket, &self.daemon_socket);
+        self.wait_until_ready();
+    }
+
+    fn channel(&self) -> Result<Channel, tonic::Status> {
+        let socket = self.socket.clone();
+        self.runtime.block_on(async move {
+            tonic::transport::Endpoint::from_static("http://plugin")
+                .connect_with_connector(tower::service_fn(move |_| {
+                    let socket = socket.clone();
+                    async move {
+                        Ok::<_, std::io::Error>(TokioIo::new(
+                            tokio::net::UnixStream::connect(socket).await?,
+                        ))
+                    }
+                }))
+                .await
+                .map_err(|e| tonic::Status::unavailable(e.to_string()))
+        })
+    }
+
+    pub fn probe(&self) -> Result<bool, tonic::Status> {
+        let mut client = IdentityClient::new(self.channel()?);
+        let answer = self.runtime.block_on(client.probe(ProbeRequest {}))?;
+        Ok(answer.into_inner().ready == Some(true))
+    }
+
+    pub fn plugin_info(&self) -> GetPluginInfoResponse {
+        let mut client = IdentityClient::new(self.channel().unwrap());
+        let answer = self
+            .runtime
+            .block_on(client.get_plugin_info(GetPluginInfoRequest {}));
+        answer.unwrap().into_inner()
+    }
+
+    pub fn node_info(&self) -> NodeGetInfoResponse {
+        let mut client = NodeClient::new(self.channel().unwrap());
+        let answer = self
+            .runtime
+            .block_on(client.node_get_info(NodeGetInfoRequest {}));
+        answer.unwrap().into_inner()
+    }
+
+    /// One NodePublishVolume call.
+    pub fn publish(&self, volume: &Volume) -> Result<(), tonic::Status> {
+        self.targets
+            .lock()
+            .unwrap()
+            .push(volume.target.to_path_buf());
+        let mut context: std::collections::HashMap<String, String> = [
+            ("dataset", volume.dataset),
+            ("csi.storage.k8s.io/pod.uid", volume.pod_uid),
+            ("csi.storage.k8s.io/pod.name", "trainer-0"),
+            ("csi.storage.k8s.io/ephemeral", "true"),
+        ]
+        .iter()
+        .chain(volume.attributes)
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        context.retain(|_, v| !v.is_empty());
+        let request = NodePublishVolumeRequest {
+            volume_id: volume.id.into(),
+            target_path: volume.target.display().to_string(),
+            volume_capability: Some(VolumeCapability {
+                access_type: Some(AccessType::Mount(MountVolume::default())),
+                access_mode: Some(volume_capability::AccessMode {
+                    mode: volume_capability::access_mode::Mode::SingleNodeReaderOnly as i32,
+                }),
+            }),
+            readonly: volume.readonly,
+            volume_context: context,
+            ..Default::default()
+        };
+        let mut client = NodeClient::new(self.channel()?);
+        self.runtime
+            .block_on(client.node_publish_volume(request))
+            .map(|_| ())
+    }
+
+    /// Publishes, retrying while the plugin answers UNAVAILABLE (as the kubelet does); returns
+    /// the retryable answers it got on the way.
+    pub fn publish_when_ready(&self, volume: &Volume) -> Vec<tonic::Status> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut retried = Vec::new();
+        loop {
+            match self.publish(volume) {
+                Ok(()) => return retried,
+                Err(status) if status.code() == tonic::Code::Unavailable => retried.push(status),
+                Err(status) => panic!("publish failed: {status:?}\n{}", self.log()),
+            }
+            assert!(
+                Instant::now() < deadline,
+                "never ready: {retried:?}\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    pub fn unpublish(&self, id: &str, target: &Path) -> Result<(), tonic::Status> {
+        let mut client = NodeClient::new(self.channel()?);
+        let request = NodeUnpublishVolumeRequest {
+            volume_id: id.into(),
+            target_path: target.display().to_string(),
+        };
+        self.runtime
+            .block_on(client.node_unpublish_volume(request))
+            .map(|_| ())
+    }
+}
+
+impl Drop for Csi {
+    fn drop(&mut self) {
+        self.kill();
+        for target in self.targets.lock().unwrap().iter() {
+            while mounts_on(target) > 0 {
+                let path = std::ffi::CString::new(target.as_os_str().as_encoded_bytes()).unwrap();
+                // SAFETY: a valid NUL-terminated path; detaching cannot touch anything else.
+                if unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) } != 0 {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// How many mounts sit on `target` in this mount namespace.
+pub fn mounts_on(target: &Path) -> usize {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let wanted = target.display().to_string();
+    table
+        .lines()
+        .filter(|line| line.split(' ').nth(4) == Some(wanted.as_str()))
+        .count()
+}
+
+/// `hydrator csi` for the daemon on `daemon_socket`, logging into `dir/csi.log`.
+fn spawn(dir: &Path, socket: &Path, daemon_socket: &Path) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("csi.log"))
+        .unwrap();
+    std::process::Command::new(env!("CARGO_BIN_EXE_hydrator"))
+        .env_clear()
+        .arg("csi")
+        .arg("--endpoint")
+        .arg(format!("unix://{}", socket.display()))
+        .args(["--node-id", "test-node"])
+        .arg("--state-dir")
+        .arg(dir.join("csi-state"))
+        .arg("--daemon")
+        .arg(format!("unix://{}", daemon_socket.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log))
+        .spawn()
+        .unwrap()
+}
