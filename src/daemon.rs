@@ -56,8 +56,6 @@ pub(crate) struct Daemon {
     hydrations: Semaphore,
     /// Serialises reservations and evictions.
     space: tokio::sync::Mutex<()>,
-    /// Serialises writes of `state.json` (they share one temporary file).
-    saving: Mutex<()>,
     /// Writes `state.json` in batches after changes.
     saver: saver::StateSaver,
     pub metrics: metrics::Metrics,
@@ -76,9 +74,9 @@ impl Daemon {
     }
 
     /// Writes leases and last-use times now; a failure is logged (the next change writes
-    /// again) and returned. Changes while the daemon runs go through [`Daemon::state_changed`].
+    /// again) and returned. Only at start and by the saver: changes go through
+    /// [`Daemon::state_changed`].
     fn save_now(&self) -> std::io::Result<()> {
-        let _saving = self.saving.lock().expect("save lock");
         let persisted = self.registry().persisted();
         self.metrics.state_saved();
         registry::save(&self.root, &persisted)
@@ -187,7 +185,6 @@ pub(crate) async fn run(catalog_path: &Path) -> Result<Exit, SyncError> {
         registry: Mutex::new(registry),
         budget,
         space: Default::default(),
-        saving: Default::default(),
         saver: Default::default(),
         metrics: Default::default(),
         stop: watch::channel(false).0,
@@ -238,8 +235,8 @@ pub(crate) async fn run(catalog_path: &Path) -> Result<Exit, SyncError> {
         controller.abort();
     }
     servers.stop().await;
-    let _ = saver.await;
-    let _ = daemon.save_now(); // logged
+    daemon.saver.close();
+    let _ = saver.await; // its last write holds every answered change
     tracing::info!("stopped");
     Ok(Exit::Success)
 }

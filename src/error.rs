@@ -266,6 +266,9 @@ pub enum LeaseError {
 /// Why the daemon granted no lease.
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseRefusal {
+    /// The snapshot was replaced or evicted between ready and lease: asking again can help.
+    #[error("{0}")]
+    Replaced(String),
     /// The daemon's own explanation.
     #[error("{0}")]
     Refused(String),

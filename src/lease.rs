@@ -49,11 +49,16 @@ pub(crate) async fn run(args: LeaseArgs) -> Result<Exit, SyncError> {
     ) else {
         return Err(UsageError::new("cannot catch SIGTERM and SIGINT").into());
     };
-    let every = (Duration::from_secs(args.ttl) / 3).max(MIN_RENEWAL);
+    let mut every = (Duration::from_secs(args.ttl) / 3).max(MIN_RENEWAL);
     let mut held = false;
     loop {
         let pause = match renew(&client, &path, &request, &args).await {
             Ok(lease) => {
+                // The daemon may have granted less than asked (its max_lease_ttl_seconds).
+                let granted = lease
+                    .expires_at
+                    .saturating_sub(crate::daemon::registry::now_unix());
+                every = (Duration::from_secs(granted) / 3).clamp(MIN_RENEWAL, every);
                 if !held {
                     eprintln!(
                         "hydrator: lease: {} holds {} snapshot {}; renewing every {} s",
@@ -102,7 +107,8 @@ async fn renew(
         Ok((StatusCode::OK, body)) => {
             serde_json::from_slice(&body).map_err(|e| Renewal::Later(e.to_string()))
         }
-        Ok((code, body)) if code.is_client_error() => {
+        // The dataset's lease cap may free up; any other refusal stays.
+        Ok((code, body)) if code.is_client_error() && code != StatusCode::TOO_MANY_REQUESTS => {
             Err(Renewal::Fatal(LeaseError::Refused(explain(code, &body))))
         }
         Ok((code, body)) => Err(Renewal::Later(explain(code, &body))),
@@ -135,7 +141,7 @@ fn snapshot_of(file: &Path) -> Result<String, UsageError> {
     let dir = Path::new(text.trim());
     dir.file_name()
         .and_then(|name| name.to_str())
-        .filter(|name| name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit()))
+        .filter(|name| crate::snapshot::is_digest(name))
         .map(str::to_string)
         .ok_or_else(|| {
             bad(format!(

@@ -52,6 +52,12 @@ impl Snapshot {
     }
 }
 
+/// Whether `name` has the form of a snapshot digest (64 hex digits), as the daemon's snapshot
+/// directories are named.
+pub(crate) fn is_digest(name: &str) -> bool {
+    name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 pub(crate) fn digest(entries: &[SnapshotEntry]) -> String {
     let mut sorted: Vec<&SnapshotEntry> = entries.iter().collect();
     sorted.sort_unstable_by(|a, b| a.key.cmp(&b.key));

@@ -112,7 +112,10 @@ async fn warm(client: &Client, args: &WarmArgs) -> Result<Result<Exit, SyncError
                     Err(err) => return Ok(Err(err)),
                 }
             }
-            StatusCode::NOT_FOUND | StatusCode::UNAUTHORIZED | StatusCode::BAD_REQUEST => {
+            StatusCode::NOT_FOUND
+            | StatusCode::UNAUTHORIZED
+            | StatusCode::FORBIDDEN
+            | StatusCode::BAD_REQUEST => {
                 return Ok(Err(UsageError::new(explain(code, &body)).into()))
             }
             _ => return Ok(Err(WarmError::Refused(explain(code, &body)).into())),
@@ -153,7 +156,7 @@ async fn warm(client: &Client, args: &WarmArgs) -> Result<Result<Exit, SyncError
                     "hydrator: warm: {holder} leases {name} snapshot {} until unix time {}",
                     lease.snapshot, lease.expires_at
                 ),
-                Err(why) if attempts + 1 < LEASE_ATTEMPTS => {
+                Err(why @ LeaseRefusal::Replaced(_)) if attempts + 1 < LEASE_ATTEMPTS => {
                     attempts += 1;
                     eprintln!("hydrator: warm: lease refused ({why}); asking again");
                     continue;
@@ -231,8 +234,10 @@ async fn lease(
             Some(body),
         )
         .await?;
-    if code != StatusCode::OK {
-        return Ok(Err(LeaseRefusal::Refused(explain(code, &answer))));
+    match code {
+        StatusCode::OK => {}
+        StatusCode::CONFLICT => return Ok(Err(LeaseRefusal::Replaced(explain(code, &answer)))),
+        _ => return Ok(Err(LeaseRefusal::Refused(explain(code, &answer)))),
     }
     Ok(serde_json::from_slice(&answer).map_err(LeaseRefusal::from))
 }

@@ -290,7 +290,7 @@ fn lease_path(volume: &Volume) -> String {
 fn snapshot_dir(status: &DatasetStatus, snapshot: &str) -> Result<PathBuf, Status> {
     let current = status.path.as_deref().map(Path::new);
     let parent = current.and_then(Path::parent);
-    let valid = snapshot.len() == 64 && snapshot.bytes().all(|b| b.is_ascii_hexdigit());
+    let valid = crate::snapshot::is_digest(snapshot);
     match parent {
         Some(parent) if valid => Ok(parent.join(snapshot)),
         _ => Err(Status::invalid_argument(format!(

@@ -14,6 +14,7 @@ use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
 use serde::de::DeserializeOwned;
 
+use super::catalog::Dataset;
 use super::flight::{self, Warm};
 use super::identity::{self, Caller};
 use super::protocol::{
@@ -81,13 +82,13 @@ async fn check_token(State(daemon): Shared, mut request: Request, next: Next) ->
     next.run(request).await
 }
 
-/// `name` is in the catalog and the caller may use it.
-fn check_dataset(daemon: &Daemon, caller: &Caller, name: &str) -> Result<(), Box<Response>> {
-    if !daemon.catalog().datasets.contains_key(name) {
+/// The catalog's dataset `name`, if the caller may use it.
+fn check_dataset(daemon: &Daemon, caller: &Caller, name: &str) -> Result<Dataset, Box<Response>> {
+    let Some(dataset) = daemon.catalog().datasets.get(name).cloned() else {
         return Err(Box::new(unknown(name)));
-    }
+    };
     match caller.may_use(name) {
-        true => Ok(()),
+        true => Ok(dataset),
         false => Err(Box::new(error(
             StatusCode::FORBIDDEN,
             format!("{} may not use dataset {name:?}", caller.identity),
@@ -180,11 +181,9 @@ async fn warm(
         Ok(request) => request,
         Err(response) => return *response,
     };
-    if let Err(response) = check_dataset(&daemon, &caller, &name) {
-        return *response;
-    }
-    let Some(dataset) = daemon.catalog().datasets.get(&name).cloned() else {
-        return unknown(&name);
+    let dataset = match check_dataset(&daemon, &caller, &name) {
+        Ok(dataset) => dataset,
+        Err(response) => return *response,
     };
     if *daemon.stop.borrow() {
         return error(StatusCode::SERVICE_UNAVAILABLE, "the daemon is stopping");
@@ -280,9 +279,8 @@ async fn release_lease(
     if let Err(response) = check_dataset(&daemon, &caller, &name) {
         return *response;
     }
-    let released = daemon
-        .registry()
-        .release(&name, &holder, &lease_ask(&daemon, &caller));
+    let ask = lease_ask(&daemon, &caller);
+    let released = daemon.registry().release(&name, &holder, &ask);
     match released {
         Ok(_) => match saved(&daemon).await {
             Ok(()) => StatusCode::NO_CONTENT.into_response(),
@@ -298,6 +296,7 @@ fn lease_ask<'a>(daemon: &Daemon, caller: &'a Caller) -> LeaseAsk<'a> {
         caller,
         admin: catalog.listen.admins.contains(&caller.identity),
         cap: catalog.cache.max_leases_per_dataset,
+        now: registry::now_unix(),
     }
 }
 

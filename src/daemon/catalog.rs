@@ -406,17 +406,23 @@ fn listen(raw: RawListen, problems: &mut Vec<String>) -> Listen {
         problems
             .push("listen: two tokens have the same secret, so they cannot be told apart".into());
     }
-    let admins = raw.admins.into_iter().collect::<BTreeSet<_>>();
-    for admin in &admins {
-        let valid = match admin.split_once(':') {
-            Some(("uid", uid)) => uid.parse::<u32>().is_ok(),
-            Some(("token", name)) => tokens.iter().any(|t| t.name == name),
-            _ => false,
+    let mut admins = BTreeSet::new();
+    for admin in raw.admins {
+        // Written the way callers are named, so "uid:007" matches uid 7.
+        let identity = match admin.split_once(':') {
+            Some(("uid", uid)) if uid.bytes().all(|b| b.is_ascii_digit()) => {
+                uid.parse::<u32>().ok().map(|uid| format!("uid:{uid}"))
+            }
+            Some(("token", name)) if tokens.iter().any(|t| t.name == name) => Some(admin.clone()),
+            _ => None,
         };
-        if !valid {
-            problems.push(format!(
+        match identity {
+            Some(identity) => {
+                admins.insert(identity);
+            }
+            None => problems.push(format!(
                 "listen.admins {admin:?} must be \"uid:<number>\" or \"token:<name of a token>\""
-            ));
+            )),
         }
     }
     if raw.socket.is_none() && raw.tcp.is_none() {
@@ -654,7 +660,7 @@ mod tests {
             file("same", "ops-secret-0123456789abc"),
         );
         let listen = format!(
-            "[listen]\ntcp = \"127.0.0.1:7070\"\nadmins = [\"uid:0\", \"token:ops\"]\n\
+            "[listen]\ntcp = \"127.0.0.1:7070\"\nadmins = [\"uid:00\", \"token:ops\"]\n\
              [[listen.tokens]]\nname = \"team-a\"\nfile = {team:?}\ndatasets = [\"coco\"]\n\
              [[listen.tokens]]\nname = \"ops\"\nfile = {ops:?}\n"
         );
@@ -672,11 +678,12 @@ mod tests {
         assert_eq!(names, ["team-a", "ops"]);
         let team_a = super::super::identity::Caller::token(&catalog.listen.tokens[0]);
         assert!(team_a.may_use("coco") && !team_a.may_use("imagenet"));
-        assert!(catalog.listen.admins.contains("token:ops"));
+        let admins: Vec<_> = catalog.listen.admins.iter().map(String::as_str).collect();
+        assert_eq!(admins, ["token:ops", "uid:0"]);
 
         let bad = text
             .replace("\"coco\"]", "\"nope\"]")
-            .replace("\"uid:0\"", "\"root\", \"token:nobody\"")
+            .replace("\"uid:00\"", "\"root\", \"token:nobody\", \"uid:+1\"")
             .replace(&ops, &same)
             + &format!("[[listen.tokens]]\nname = \"ops\"\nfile = {team:?}\n");
         let problems = parse(&bad, env).unwrap_err().join("\n");
@@ -684,6 +691,7 @@ mod tests {
             "listen.tokens \"team-a\": no dataset \"nope\"",
             "listen.admins \"root\"",
             "listen.admins \"token:nobody\"",
+            "listen.admins \"uid:+1\"",
             "listen.tokens \"ops\": the name is taken",
             "two tokens have the same secret",
         ] {

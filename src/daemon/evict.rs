@@ -6,6 +6,10 @@
 //!
 //! Reservations and evictions are serialised by one lock, so two hydrations never count the
 //! same free bytes.
+//!
+//! The cache's use is the sum of its datasets' directories (`ROOT/.daemon/` and anything else
+//! under the root are not counted); each is walked once after it changed and its figures kept
+//! until the next change, so a pass over an idle cache of millions of files stats nothing.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -18,6 +22,9 @@ use super::Daemon;
 use crate::units::human_bytes;
 
 const TRASH: &str = "trash";
+/// A dataset's measured disk use is trusted this long even if the daemon saw no change, so a
+/// change made behind its back (a person deleting files) is noticed within the hour.
+const USAGE_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// Makes room for `need` bytes and books them to `flight`; `Err` says why it cannot fit.
 pub(crate) async fn reserve(
@@ -106,13 +113,14 @@ struct Measured {
 }
 
 /// The disk use of every dataset directory. Only a directory that changed since it was last
-/// measured (a hydration running or ended, an eviction) is walked again; the others keep the
-/// figures recorded then, so an idle cache costs no walk at all.
+/// measured (a hydration running or ended, an eviction), or was last measured an hour ago, is
+/// walked again; the others keep the figures recorded then, so an idle cache costs a walk an
+/// hour, not one per pass.
 async fn measure(daemon: &Arc<Daemon>) -> io::Result<Vec<Measured>> {
     struct Plan {
         name: String,
         cached: Option<Arc<DatasetUsage>>,
-        changes: u64,
+        generation: u64,
         snapshots: Vec<String>,
         flight: Option<(String, u64)>,
     }
@@ -128,8 +136,10 @@ async fn measure(daemon: &Arc<Daemon>) -> io::Result<Vec<Measured>> {
                 });
                 Plan {
                     name: name.clone(),
-                    cached: entry.usage.clone().filter(|_| entry.flight.is_none()),
-                    changes: entry.changes,
+                    cached: entry.usage.clone().filter(|usage| {
+                        entry.flight.is_none() && usage.measured_at.elapsed() < USAGE_MAX_AGE
+                    }),
+                    generation: entry.disk_generation,
                     snapshots: entry
                         .ready
                         .keys()
@@ -151,7 +161,7 @@ async fn measure(daemon: &Arc<Daemon>) -> io::Result<Vec<Measured>> {
                     Some(usage) => usage,
                     None => Arc::new(measure_dataset(&root, &plan.name, &plan.snapshots)?),
                 };
-                Ok((plan.name, usage, plan.flight, plan.changes, fresh))
+                Ok((plan.name, usage, plan.flight, plan.generation, fresh))
             })
             .collect::<io::Result<Vec<_>>>()
     })
@@ -159,11 +169,11 @@ async fn measure(daemon: &Arc<Daemon>) -> io::Result<Vec<Measured>> {
     let mut registry = daemon.registry();
     Ok(walked
         .into_iter()
-        .map(|(name, usage, flight, changes, fresh)| {
+        .map(|(name, usage, flight, generation, fresh)| {
             if fresh {
                 daemon.metrics.dataset_walked();
                 if let Some(entry) = registry.datasets.get_mut(&name) {
-                    if entry.flight.is_none() && entry.changes == changes {
+                    if entry.flight.is_none() && entry.disk_generation == generation {
                         entry.usage = Some(usage.clone());
                     }
                 }
@@ -185,6 +195,7 @@ fn measure_dataset(root: &Path, name: &str, snapshots: &[String]) -> io::Result<
         .collect();
     let (total, of_snapshots) = space::usage_within(&root.join(name), &dirs)?;
     Ok(DatasetUsage {
+        measured_at: std::time::Instant::now(),
         total,
         snapshots: snapshots.iter().cloned().zip(of_snapshots).collect(),
     })

@@ -38,7 +38,7 @@ pub(crate) fn scan(root: &Path, catalog: &Catalog) -> io::Result<(Registry, Resu
         for snapshot_dir in std::fs::read_dir(dataset_dir.path())? {
             let snapshot_dir = snapshot_dir?;
             let digest = snapshot_dir.file_name().to_string_lossy().into_owned();
-            if !snapshot_dir.file_type()?.is_dir() || !is_digest(&digest) {
+            if !snapshot_dir.file_type()?.is_dir() || !crate::snapshot::is_digest(&digest) {
                 continue;
             }
             match ready_marker(&snapshot_dir.path())
@@ -99,10 +99,6 @@ pub(crate) fn scan(root: &Path, catalog: &Catalog) -> io::Result<(Registry, Resu
         }
     }
     Ok((registry, resume))
-}
-
-fn is_digest(name: &str) -> bool {
-    name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 fn ready_marker(dir: &Path) -> Option<ready::Ready> {

@@ -1,5 +1,9 @@
 //! The daemon's memory of the cache: the ready snapshots of each dataset, the hydration in
-//! flight, the last failure and the leases.
+//! flight, the last failure, what each dataset's directory holds on disk, and the leases.
+//!
+//! A lease belongs to the identity that took it ([`super::identity`]): only that identity or
+//! an admin renews or releases it, a dataset holds at most the catalog's number of leases, and
+//! an expired lease counts as gone even before maintenance drops it.
 //!
 //! The directories are the truth: on start the registry is rebuilt from them (a snapshot is
 //! ready exactly when its READY marker says so), and only what the disk cannot tell (leases
@@ -114,12 +118,13 @@ pub(crate) struct DatasetEntry {
     pub usage: Option<Arc<DatasetUsage>>,
     /// Bumped whenever its directory changes (a hydration ended, a snapshot was evicted), so a
     /// measurement taken before is not stored.
-    pub changes: u64,
+    pub disk_generation: u64,
 }
 
 /// A dataset directory's disk use, measured in one walk.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct DatasetUsage {
+    pub measured_at: Instant,
     /// All of it, hard-linked files shared among their links.
     pub total: Usage,
     /// Each snapshot directory in it (ready or being hydrated).
@@ -136,7 +141,7 @@ impl DatasetEntry {
     /// Its directory changed: the next maintenance pass measures it again.
     pub(crate) fn changed_on_disk(&mut self) {
         self.usage = None;
-        self.changes += 1;
+        self.disk_generation += 1;
     }
 
     /// Whether a failed hydration is still in its back-off, so a warm request must not start
@@ -173,22 +178,38 @@ pub(crate) enum LeaseRefused {
     NotHeld,
 }
 
-/// Who asks for a lease change, and within which bound.
+/// Who asks for a lease change, when, and within which bound.
 pub(crate) struct LeaseAsk<'a> {
     pub caller: &'a Caller,
-    /// The caller may change any lease.
+    /// The caller may renew or release any lease.
     pub admin: bool,
     /// The most leases one dataset may hold.
     pub cap: usize,
+    /// Unix seconds: leases that expired by then count as gone.
+    pub now: u64,
 }
 
 impl LeaseAsk<'_> {
-    /// Whether this caller may change `lease`.
-    fn may_change(&self, lease: &Lease) -> Result<(), LeaseRefused> {
-        match self.admin || lease.owner.is_empty() || lease.owner == self.caller.identity {
+    /// Whether this caller may renew `lease`: its owner, an admin, or anyone for a lease from
+    /// before owners (whose renewal then adopts it).
+    fn may_renew(&self, lease: &Lease) -> Result<(), LeaseRefused> {
+        self.allowed(lease.owner.is_empty(), lease)
+    }
+
+    /// Whether this caller may release `lease`: its owner or an admin.
+    fn may_release(&self, lease: &Lease) -> Result<(), LeaseRefused> {
+        self.allowed(false, lease)
+    }
+
+    fn allowed(&self, unowned_ok: bool, lease: &Lease) -> Result<(), LeaseRefused> {
+        let owner = !lease.owner.is_empty() && lease.owner == self.caller.identity;
+        match self.admin || owner || unowned_ok {
             true => Ok(()),
             false => Err(LeaseRefused::NotOwner {
-                owner: lease.owner.clone(),
+                owner: match lease.owner.is_empty() {
+                    true => "nobody (an admin may release it)".into(),
+                    false => lease.owner.clone(),
+                },
             }),
         }
     }
@@ -268,12 +289,17 @@ impl Registry {
         ask: &LeaseAsk,
     ) -> Result<Lease, LeaseRefused> {
         let key = (name.to_string(), holder.to_string());
-        let held = self.leases.get(&key);
+        let held = self.leases.get(&key).filter(|l| l.expires_at > ask.now);
         if let Some(lease) = held {
-            ask.may_change(lease)?;
-        } else if self.leases_of(name).count() >= ask.cap {
+            ask.may_renew(lease)?;
+        } else if self.live_leases_of(name, ask.now).count() >= ask.cap {
             return Err(LeaseRefused::TooMany { cap: ask.cap });
         }
+        // An admin renewing keeps the owner; an unowned lease is adopted.
+        let owner = held
+            .map(|lease| lease.owner.clone())
+            .filter(|owner| !owner.is_empty())
+            .unwrap_or_else(|| ask.caller.identity.clone());
         let entry = self.datasets.get_mut(name).ok_or(LeaseRefused::NotReady)?;
         let digest = match (snapshot, held) {
             (Some(digest), _) => digest.to_string(),
@@ -288,7 +314,7 @@ impl Registry {
         let lease = Lease {
             dataset: name.to_string(),
             holder: holder.to_string(),
-            owner: ask.caller.identity.clone(),
+            owner,
             snapshot: digest,
             expires_at,
         };
@@ -304,16 +330,22 @@ impl Registry {
         ask: &LeaseAsk,
     ) -> Result<Lease, LeaseRefused> {
         let key = (name.to_string(), holder.to_string());
-        ask.may_change(self.leases.get(&key).ok_or(LeaseRefused::NotHeld)?)?;
+        let held = self.leases.get(&key).filter(|l| l.expires_at > ask.now);
+        ask.may_release(held.ok_or(LeaseRefused::NotHeld)?)?;
         Ok(self.leases.remove(&key).expect("checked above"))
     }
 
-    /// The leases on `name`.
-    fn leases_of<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Lease> + 'a {
+    /// The leases on `name` that have not expired by `now`.
+    fn live_leases_of<'a>(
+        &'a self,
+        name: &'a str,
+        now: u64,
+    ) -> impl Iterator<Item = &'a Lease> + 'a {
         self.leases
             .range((name.to_string(), String::new())..)
             .take_while(move |((dataset, _), _)| dataset == name)
             .map(|(_, lease)| lease)
+            .filter(move |lease| lease.expires_at > now)
     }
 
     /// Drops leases that ran out; returns how many.
@@ -411,6 +443,7 @@ mod tests {
             caller,
             admin: false,
             cap: 2,
+            now: 0,
         }
     }
 
@@ -466,6 +499,57 @@ mod tests {
         assert!(registry.release("ds", "pod", &admin).is_ok());
         assert_eq!(
             registry.release("ds", "pod", &ask(&owner)),
+            Err(LeaseRefused::NotHeld)
+        );
+    }
+
+    #[test]
+    fn an_admin_renewal_keeps_the_owner_and_unowned_leases_are_adopted_not_released() {
+        let mut registry = registry_with_ready();
+        let (owner, admin) = (Caller::uid(1000), Caller::uid(0));
+        registry.lease("ds", "pod", None, 10, &ask(&owner)).unwrap();
+        let as_admin = LeaseAsk {
+            admin: true,
+            ..ask(&admin)
+        };
+        let renewed = registry.lease("ds", "pod", None, 20, &as_admin).unwrap();
+        assert_eq!(
+            renewed.owner, "uid:1000",
+            "the owner's sidecar keeps renewing"
+        );
+        // A lease saved before owners existed.
+        registry
+            .leases
+            .get_mut(&("ds".into(), "pod".into()))
+            .unwrap()
+            .owner = String::new();
+        let stranger = Caller::uid(4242);
+        assert!(matches!(
+            registry.release("ds", "pod", &ask(&stranger)),
+            Err(LeaseRefused::NotOwner { .. })
+        ));
+        let adopted = registry
+            .lease("ds", "pod", None, 30, &ask(&stranger))
+            .unwrap();
+        assert_eq!(adopted.owner, "uid:4242");
+    }
+
+    #[test]
+    fn expired_leases_count_as_gone() {
+        let mut registry = registry_with_ready();
+        let (first, second) = (Caller::uid(1), Caller::uid(2));
+        registry.lease("ds", "a", None, 10, &ask(&first)).unwrap();
+        registry.lease("ds", "b", None, 10, &ask(&first)).unwrap();
+        let later = |caller| LeaseAsk {
+            now: 10,
+            ..ask(caller)
+        };
+        let taken = registry
+            .lease("ds", "a", None, 99, &later(&second))
+            .unwrap();
+        assert_eq!(taken.owner, "uid:2", "not refused as another's, not capped");
+        assert_eq!(
+            registry.release("ds", "b", &later(&first)),
             Err(LeaseRefused::NotHeld)
         );
     }

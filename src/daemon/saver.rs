@@ -1,4 +1,5 @@
-//! Saving the daemon's state (`state.json`) off the request path, in batches. A change bumps a
+//! Saving the daemon's state (`state.json`) off the request path, in batches; the only writer
+//! once the daemon has started. A change bumps a
 //! generation and wakes one saver task, which writes the whole state at most once per
 //! [`SAVE_INTERVAL`]; every change made meanwhile rides on the next write. A lease request
 //! waits for the write that holds its change and answers 500 if that write failed, so a caller
@@ -29,6 +30,8 @@ pub(crate) struct StateSaver {
     /// The newest change's generation.
     changed: watch::Sender<u64>,
     saved: watch::Sender<Saved>,
+    /// Set once nothing can change the state any more (the listeners are closed).
+    closing: watch::Sender<bool>,
 }
 
 impl Default for StateSaver {
@@ -36,6 +39,7 @@ impl Default for StateSaver {
         Self {
             changed: watch::channel(0).0,
             saved: watch::channel(Saved::default()).0,
+            closing: watch::channel(false).0,
         }
     }
 }
@@ -57,29 +61,30 @@ impl StateSaver {
         let saved = saved
             .wait_for(|saved| saved.generation >= generation)
             .await
-            .map_err(|_| io::Error::other("the daemon is stopping"))?;
+            .expect("the sender lives as long as the saver");
         match &saved.error {
             None => Ok(()),
             Some((kind, message)) => Err(io::Error::new(*kind, message.clone())),
         }
     }
 
-    /// Writes the state whenever it changed, until the daemon stops; then writes once more and
-    /// answers every waiter, present and future, with that write (the daemon's last save, after
-    /// its listeners close, holds anything changed later).
+    /// Ends [`StateSaver::run`] after one last write; call it once the listeners are closed,
+    /// so that write holds every change a caller was answered for.
+    pub(crate) fn close(&self) {
+        self.closing.send_replace(true);
+    }
+
+    /// Writes the state whenever it changed, until [`StateSaver::close`]; then writes once more.
     pub(crate) async fn run(daemon: Arc<Daemon>) {
         let mut changed = daemon.saver.changed.subscribe();
-        let mut stop = daemon.stop.subscribe();
+        let mut closing = daemon.saver.closing.subscribe();
         loop {
             let written = daemon.saver.saved.borrow().generation;
-            let stopping = tokio::select! {
-                result = changed.wait_for(|g| *g > written) => result.is_err(),
-                _ = stop.wait_for(|stop| *stop) => true,
+            let last = tokio::select! {
+                _ = changed.wait_for(|g| *g > written) => false,
+                _ = closing.wait_for(|closing| *closing) => true,
             };
-            let generation = match stopping {
-                true => u64::MAX,
-                false => *changed.borrow_and_update(),
-            };
+            let generation = *changed.borrow_and_update();
             let writer = daemon.clone();
             let result = tokio::task::spawn_blocking(move || writer.save_now())
                 .await
@@ -88,7 +93,7 @@ impl StateSaver {
                 generation,
                 error: result.err().map(|e| (e.kind(), e.to_string())),
             });
-            if stopping {
+            if last {
                 return;
             }
             tokio::time::sleep(SAVE_INTERVAL).await;
