@@ -701,14 +701,21 @@ mod tests {
 
     #[test]
     fn the_catalog_shipped_in_k8s_is_valid() {
-        let token = tempfile::NamedTempFile::new().unwrap();
-        std::fs::write(token.path(), "a-token-of-24-characters").unwrap();
+        let tokens = tempfile::tempdir().unwrap();
+        for name in ["token", "csi"] {
+            std::fs::write(
+                tokens.path().join(name),
+                format!("{name}-of-24-characters-x"),
+            )
+            .unwrap();
+        }
         let text = include_str!("../../k8s/node-cache/catalog.toml")
-            .replace("/etc/hydrator/token/token", token.path().to_str().unwrap());
+            .replace("/etc/hydrator/token", tokens.path().to_str().unwrap());
         let env = |name: &str| name.starts_with("MINIO_").then(|| "x".to_string());
         let catalog = parse(&text, env).unwrap();
         assert_eq!(catalog.cache.root, Path::new("/var/cache/hydrator"));
         assert!(catalog.datasets["imagenet"].prewarm);
+        assert!(catalog.listen.admins.contains("token:csi"));
     }
 
     #[test]

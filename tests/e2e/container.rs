@@ -144,3 +144,34 @@ fn image_mirrors_from_garage_as_an_init_container_runs_on_both_write_paths() {
         assert_eq!(owner, 65532, "written as the image's user");
     }
 }
+
+#[test]
+fn the_image_carries_the_daemon_the_csi_plugin_and_the_lease_sidecar() {
+    let Some(image) = image() else {
+        return;
+    };
+    for (command, flag) in [
+        ("daemon", "--config"),
+        ("csi", "--node-id"),
+        ("lease", "--holder"),
+    ] {
+        let output = podman()
+            .args([
+                "run",
+                "--rm",
+                "--runtime",
+                "runc",
+                "--network",
+                "none",
+                image,
+            ])
+            .args([command, "--help"])
+            .output()
+            .unwrap();
+        let help = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success() && help.contains(flag),
+            "{command}: {help}"
+        );
+    }
+}
