@@ -22,6 +22,18 @@ fn podman() -> Command {
 
 /// The image, built once per test process by `container/build.sh`; `None` where Podman is
 /// missing and not required.
+/// `podman run --rm` with runc and limits this sandbox lets a container set.
+fn podman_run() -> Command {
+    let mut command = podman();
+    command.args(["run", "--rm", "--runtime", "runc"]).args([
+        "--ulimit",
+        "nofile=1024:1024",
+        "--ulimit",
+        "nproc=1024:1024",
+    ]);
+    command
+}
+
 fn image() -> Option<&'static str> {
     static BUILT: OnceLock<bool> = OnceLock::new();
     let built = BUILT.get_or_init(|| {
@@ -83,17 +95,11 @@ fn image_mirrors_from_garage_as_an_init_container_runs_on_both_write_paths() {
     for (seccomp, backend) in cases {
         let volume = tempfile::tempdir().unwrap();
         std::os::unix::fs::chown(volume.path(), Some(65532), Some(65532)).unwrap();
-        let mut command = podman();
+        let mut command = podman_run();
         command
-            .args(["run", "--rm", "--runtime", "runc", "--network", "host"])
+            .args(["--network", "host"])
             .args(["--read-only", "--user", "65532:65532", "--cap-drop", "ALL"])
-            .args(["--security-opt", "no-new-privileges"])
-            .args([
-                "--ulimit",
-                "nofile=1024:1024",
-                "--ulimit",
-                "nproc=1024:1024",
-            ]);
+            .args(["--security-opt", "no-new-privileges"]);
         if let Some(seccomp) = &seccomp {
             command.args(["--security-opt", &format!("seccomp={seccomp}")]);
         }
@@ -143,26 +149,19 @@ fn image_mirrors_from_garage_as_an_init_container_runs_on_both_write_paths() {
         );
         assert_eq!(owner, 65532, "written as the image's user");
     }
-}
-
-#[test]
-fn the_image_carries_the_daemon_the_csi_plugin_and_the_lease_sidecar() {
-    let Some(image) = image() else {
-        return;
-    };
+    // The same image runs the node cache: the daemon, the CSI plugin and the lease sidecar.
     for (command, flag) in [
         ("daemon", "--config"),
         ("csi", "--node-id"),
         ("lease", "--holder"),
     ] {
-        let output = podman()
+        let output = podman_run()
+            .args(["--network", "none", "--read-only", "--user", "65532:65532"])
             .args([
-                "run",
-                "--rm",
-                "--runtime",
-                "runc",
-                "--network",
-                "none",
+                "--cap-drop",
+                "ALL",
+                "--security-opt",
+                "no-new-privileges",
                 image,
             ])
             .args([command, "--help"])
@@ -171,7 +170,8 @@ fn the_image_carries_the_daemon_the_csi_plugin_and_the_lease_sidecar() {
         let help = String::from_utf8_lossy(&output.stdout);
         assert!(
             output.status.success() && help.contains(flag),
-            "{command}: {help}"
+            "{command}: {help}{}",
+            String::from_utf8_lossy(&output.stderr)
         );
     }
 }

@@ -221,6 +221,14 @@ fn a_restarted_plugin_keeps_serving_and_unmounts_what_it_published_before() {
         .unwrap();
     assert_eq!(mounts_on(&target), 1);
 
+    // A restarted daemon keeps the lease (it is in its state file) and the mount keeps working.
+    let text = std::fs::read_to_string(dir.path().join("catalog.toml")).unwrap();
+    let (status, _) = daemon.terminate();
+    assert!(status.success());
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    assert_eq!(leases(&daemon).len(), 1);
+    assert_eq!(read_tree(&target), expected);
+
     csi.restart();
     csi.unpublish("vol-r", &target).unwrap();
     assert_eq!(mounts_on(&target), 0);
