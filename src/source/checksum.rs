@@ -44,16 +44,24 @@ pub(crate) struct FullObjectChecksum {
     pub value: u64,
 }
 
-/// Picks the strongest full-object checksum among a response's checksum headers.
+/// Picks the strongest full-object checksum among a response's checksum headers. A CRC32 or
+/// CRC32C of a multipart upload (an ETag ending in `-N`) is the composite of its upload parts
+/// unless the server says `FULL_OBJECT`: some servers send it bare, without `-N` and without a
+/// checksum type, and it is then not comparable to the bytes as a whole. CRC64NVME is always
+/// full-object.
 pub(crate) fn full_object(
     checksum_type: Option<&ChecksumType>,
+    etag: &str,
     crc64nvme: Option<&str>,
     crc32c: Option<&str>,
     crc32: Option<&str>,
 ) -> Option<FullObjectChecksum> {
-    if matches!(checksum_type, Some(ChecksumType::Composite)) {
-        return None;
-    }
+    let multipart = etag.trim_matches('"').contains('-');
+    let comparable = |algorithm: Algorithm| match checksum_type {
+        Some(ChecksumType::FullObject) => true,
+        Some(ChecksumType::Composite) => false,
+        _ => !multipart || algorithm == Algorithm::Crc64Nvme,
+    };
     [
         (Algorithm::Crc64Nvme, crc64nvme),
         (Algorithm::Crc32c, crc32c),
@@ -61,7 +69,7 @@ pub(crate) fn full_object(
     ]
     .into_iter()
     .find_map(|(algorithm, text)| {
-        let text = text?;
+        let text = text.filter(|_| comparable(algorithm))?;
         if text.contains('-') {
             return None; // "<base64>-<parts>": composite
         }
@@ -115,7 +123,7 @@ mod tests {
     #[test]
     fn parses_headers() {
         // CRC32 of "hello world" is 0x0d4a1185, as S3 sends it: base64 of the big-endian bytes.
-        let c = full_object(None, None, None, Some("DUoRhQ==")).unwrap();
+        let c = full_object(None, "\"abc\"", None, None, Some("DUoRhQ==")).unwrap();
         assert_eq!(
             c,
             FullObjectChecksum {
@@ -127,9 +135,15 @@ mod tests {
         d.update(b"hello world");
         assert_eq!(d.finalize(), c.value);
         assert!(
-            full_object(Some(&ChecksumType::Composite), None, None, Some("DUoRhQ==")).is_none()
+            full_object(Some(&ChecksumType::Composite), "abc", None, None, Some("DUoRhQ==")).is_none()
         );
-        assert!(full_object(None, None, None, Some("DUoRhQ==-3")).is_none());
-        assert!(full_object(None, None, None, None).is_none());
+        assert!(full_object(None, "abc", None, None, Some("DUoRhQ==-3")).is_none());
+        assert!(full_object(None, "abc", None, None, None).is_none());
+        // A multipart upload's bare CRC32 without a checksum type is its composite.
+        assert!(full_object(None, "\"abc-3\"", None, None, Some("DUoRhQ==")).is_none());
+        let full = Some(&ChecksumType::FullObject);
+        assert!(full_object(full, "\"abc-3\"", None, None, Some("DUoRhQ==")).is_some());
+        let nvme = full_object(None, "abc-3", Some("AAAAAAAAAAE="), None, None).unwrap();
+        assert_eq!(nvme.algorithm, Algorithm::Crc64Nvme);
     }
 }

@@ -94,12 +94,14 @@ impl ObjectSource for S3Source {
                 .send()
                 .await
                 .map_err(|err| classify(err, format!("HEAD {}", object.key)))?;
+            let etag = head.e_tag().unwrap_or_default();
             Ok(ObjectHead {
-                etag: head.e_tag().unwrap_or_default().to_string(),
+                etag: etag.to_string(),
                 size: head.content_length().unwrap_or(0).max(0) as u64,
                 last_modified: timestamp(head.last_modified()),
                 checksum: full_object(
                     head.checksum_type(),
+                    etag,
                     head.checksum_crc64_nvme(),
                     head.checksum_crc32_c(),
                     head.checksum_crc32(),
