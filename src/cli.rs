@@ -221,6 +221,13 @@ pub struct ConnectionOptions {
     /// Path-style addressing (default: on when an endpoint is given).
     #[arg(long, env = "HYDRATOR_PATH_STYLE")]
     pub path_style: Option<bool>,
+    /// A named profile of ~/.aws/config and ~/.aws/credentials (default: AWS_PROFILE, then
+    /// "default").
+    #[arg(long, env = "AWS_PROFILE")]
+    pub profile: Option<String>,
+    /// Send requests unsigned, for public buckets (open data).
+    #[arg(long, env = "HYDRATOR_NO_SIGN_REQUEST")]
+    pub no_sign_request: bool,
 }
 
 #[derive(Debug, Args)]
@@ -340,6 +347,8 @@ impl ConnectionOptions {
             endpoint: self.endpoint_url.clone().filter(|e| !e.is_empty()),
             region: self.region.clone().filter(|r| !r.is_empty()),
             path_style: self.path_style,
+            profile: self.profile.clone().filter(|p| !p.is_empty()),
+            anonymous: self.no_sign_request,
             ..config
         }
     }

@@ -105,7 +105,7 @@ async fn snapshot(args: SnapshotArgs) -> Result<Exit, SyncError> {
         .build()?;
     let settings = config.client_settings();
     let client = client::build(settings, Default::default()).await;
-    let snapshot = snapshot::create(client, &url, settings.endpoint.clone()).await?;
+    let snapshot = snapshot::create(client, &url, settings).await?;
     snapshot::write(&args.output, &snapshot).local("writing", &args.output)?;
     println!(
         "hydrator: snapshot of {url}: {} objects ({}), digest {} written to {}",

@@ -75,6 +75,8 @@ impl SyncConfig {
             region: None,
             path_style: None,
             credentials: None,
+            profile: None,
+            anonymous: false,
             concurrency: Concurrency::Auto,
             part_size: DEFAULT_PART_SIZE,
             include: vec![],
@@ -104,6 +106,12 @@ impl SyncConfig {
 
     /// Checks the settings. [`SyncConfigBuilder::build`] runs this, so every `SyncConfig` passes.
     fn validate(&self) -> Result<(), UsageError> {
+        let client = &self.client;
+        if client.anonymous && (client.credentials.is_some() || client.profile.is_some()) {
+            return Err(UsageError::new(
+                "--no-sign-request sends no credentials: give it without credentials or --profile",
+            ));
+        }
         if self.part_size < MIN_PART_SIZE || !self.part_size.is_power_of_two() {
             return Err(UsageError::new(format!(
                 "--part-size {} must be a power of two of at least 1 MiB (1048576)",
@@ -143,6 +151,10 @@ pub(crate) struct SyncConfigBuilder {
     pub path_style: Option<bool>,
     /// Static credentials; `None`: the standard AWS chain.
     pub credentials: Option<StaticCredentials>,
+    /// A named profile for the standard chain.
+    pub profile: Option<String>,
+    /// Unsigned requests (`--no-sign-request`).
+    pub anonymous: bool,
     pub concurrency: Concurrency,
     pub part_size: u64,
     pub include: Vec<String>,
@@ -165,6 +177,8 @@ impl SyncConfigBuilder {
                 endpoint: self.endpoint,
                 region: self.region,
                 credentials: self.credentials,
+                profile: self.profile,
+                anonymous: self.anonymous,
                 max_requests: self.concurrency.max(),
             },
             source: self.source,

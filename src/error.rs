@@ -122,6 +122,9 @@ pub enum SourceErrorKind {
     CredentialsRejected(HttpAnswer),
     #[error("access denied ({0})")]
     AccessDenied(HttpAnswer),
+    /// An unsigned request refused: the bucket does not allow anonymous access.
+    #[error("the bucket is not public: anonymous requests (--no-sign-request) are refused ({0}); give credentials instead")]
+    NotPublic(HttpAnswer),
     #[error("wrong region or endpoint for this bucket ({0})")]
     WrongRegion(HttpAnswer),
     #[error("object not found ({0})")]
@@ -167,6 +170,7 @@ impl SourceErrorKind {
             NoSuchBucket
             | CredentialsRejected(_)
             | AccessDenied(_)
+            | NotPublic(_)
             | WrongRegion(_)
             | NoCredentials(_)
             | Construction(_) => Remedy::Usage,

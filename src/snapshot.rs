@@ -75,16 +75,17 @@ pub(crate) fn digest(entries: &[SnapshotEntry]) -> String {
     hasher.finalize().to_hex().to_string()
 }
 
-/// Lists `url` completely and freezes it.
+/// Lists `url` completely with `client` (built from `settings`) and freezes it.
 pub(crate) async fn create(
     client: aws_sdk_s3::Client,
     url: &S3Url,
-    endpoint: Option<String>,
+    settings: &crate::source::client::ClientSettings,
 ) -> Result<Snapshot, SyncError> {
+    let endpoint = settings.endpoint.clone();
     let listed = if list::bucket_is_versioned(&client, &url.bucket).await {
         list::list_latest_versions(&client, url).await?
     } else {
-        let source = Arc::new(crate::source::s3::S3Source::new(client));
+        let source = Arc::new(crate::source::s3::S3Source::new(client, settings.anonymous));
         let mut listing = list::spawn(source, url.clone());
         let mut listed = Vec::new();
         while let Some(entry) = listing.recv().await {

@@ -95,6 +95,9 @@ struct RawDataset {
     #[serde(default)]
     prewarm: bool,
     refresh_seconds: Option<u64>,
+    profile: Option<String>,
+    #[serde(default)]
+    no_sign_request: bool,
 }
 
 /// The validated catalog.
@@ -159,6 +162,10 @@ pub(crate) struct Dataset {
     pub region: Option<String>,
     /// Static credentials from the named environment variables; `None`: the AWS chain.
     pub credentials: Option<StaticCredentials>,
+    /// A named profile for the AWS chain.
+    pub profile: Option<String>,
+    /// Unsigned requests, for a public bucket.
+    pub anonymous: bool,
     /// The pinned snapshot (from the catalog's `snapshot` file): the dataset never moves past it.
     pub pinned: Option<std::sync::Arc<crate::snapshot::Snapshot>>,
     pub prewarm: bool,
@@ -178,6 +185,8 @@ impl Dataset {
             endpoint: self.endpoint.clone(),
             region: self.region.clone(),
             credentials: self.credentials.clone(),
+            profile: self.profile.clone(),
+            anonymous: self.anonymous,
             concurrency,
             progress: ProgressMode::None,
             ..SyncConfig::builder(self.source.clone(), dest)
@@ -513,6 +522,9 @@ fn dataset(
             None
         }
     };
+    if raw.no_sign_request && (raw.access_key_id_env.is_some() || raw.profile.is_some()) {
+        problem("no_sign_request sends no credentials: drop the credentials or the profile".into());
+    }
     let source = source?;
     let pinned = match &raw.snapshot {
         None => None,
@@ -538,6 +550,8 @@ fn dataset(
         endpoint: raw.endpoint,
         region: raw.region,
         credentials,
+        profile: raw.profile,
+        anonymous: raw.no_sign_request,
         pinned,
         prewarm: raw.prewarm,
         refresh: Duration::from_secs(raw.refresh_seconds.unwrap_or(DEFAULT_REFRESH)),

@@ -173,8 +173,7 @@ async fn hydrate(
         None => {
             let client =
                 client::build(cfg.client_settings(), daemon.budget.slots.responses.clone()).await;
-            let listed =
-                snapshot::create(client, &dataset.source, dataset.endpoint.clone()).await?;
+            let listed = snapshot::create(client, &dataset.source, cfg.client_settings()).await?;
             Arc::new(listed)
         }
     };

@@ -66,6 +66,8 @@ pub(crate) async fn seed(
         region: None,
         path_style: true,
         credentials: Some(server.credentials.clone()),
+        profile: None,
+        anonymous: false,
         max_requests: UPLOADS,
     };
     let client = client::build(&settings, Default::default()).await;

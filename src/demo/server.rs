@@ -30,7 +30,7 @@ impl EmbeddedS3 {
             access_key: format!("demo{:016x}", fastrand::u64(..)),
             secret_key: format!("{:032x}", fastrand::u128(..)),
         };
-        let service = s3_service(root, &credentials)?;
+        let service = s3_service(root, &credentials, None)?;
         let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
         let endpoint = format!("http://{}", listener.local_addr()?);
         let task = spawn_server(listener, service);
@@ -48,10 +48,12 @@ impl Drop for EmbeddedS3 {
     }
 }
 
-/// The s3s service over `root`, accepting only `credentials`.
+/// The s3s service over `root`, accepting only `credentials`, and unsigned reads of
+/// `public_bucket` if given (as an open-data bucket allows).
 pub fn s3_service(
     root: &Path,
     credentials: &StaticCredentials,
+    public_bucket: Option<&str>,
 ) -> io::Result<s3s::service::S3Service> {
     let fs = s3s_fs::FileSystem::new(root).map_err(|e| io::Error::other(format!("{e:?}")))?;
     let mut builder = s3s::service::S3ServiceBuilder::new(fs);
@@ -59,7 +61,41 @@ pub fn s3_service(
         credentials.access_key.as_str(),
         credentials.secret_key.as_str(),
     ));
+    builder.set_access(PublicRead {
+        bucket: public_bucket.map(str::to_string),
+    });
     Ok(builder.build())
+}
+
+/// Signed requests may do anything; unsigned ones may only read the public bucket.
+struct PublicRead {
+    bucket: Option<String>,
+}
+
+#[tonic::async_trait]
+impl s3s::access::S3Access for PublicRead {
+    async fn check(&self, cx: &mut s3s::access::S3AccessContext<'_>) -> s3s::S3Result<()> {
+        if cx.credentials().is_some() {
+            return Ok(());
+        }
+        let bucket = match cx.s3_path() {
+            s3s::path::S3Path::Bucket { bucket } | s3s::path::S3Path::Object { bucket, .. } => {
+                Some(&**bucket)
+            }
+            s3s::path::S3Path::Root => None,
+        };
+        let read = matches!(
+            cx.s3_op().name(),
+            "ListObjectsV2" | "ListObjects" | "HeadObject" | "GetObject" | "HeadBucket"
+        );
+        match read && bucket.is_some() && bucket == self.bucket.as_deref() {
+            true => Ok(()),
+            false => Err(s3s::s3_error!(
+                AccessDenied,
+                "Anonymous access is not allowed"
+            )),
+        }
+    }
 }
 
 /// Accepts HTTP/1.1 connections on `listener` and serves each with a clone of `service`.

@@ -197,6 +197,7 @@ async fn prepare(
         Some(source) => source,
         None => Arc::new(S3Source::new(
             client::build(cfg.client_settings(), budget.slots.responses.clone()).await,
+            cfg.client_settings().anonymous,
         )),
     };
     let progress = Progress::start(cfg.progress, hooks.stats.clone());

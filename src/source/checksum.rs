@@ -134,9 +134,14 @@ mod tests {
         let mut d = Algorithm::Crc32.digest();
         d.update(b"hello world");
         assert_eq!(d.finalize(), c.value);
-        assert!(
-            full_object(Some(&ChecksumType::Composite), "abc", None, None, Some("DUoRhQ==")).is_none()
-        );
+        assert!(full_object(
+            Some(&ChecksumType::Composite),
+            "abc",
+            None,
+            None,
+            Some("DUoRhQ==")
+        )
+        .is_none());
         assert!(full_object(None, "abc", None, None, Some("DUoRhQ==-3")).is_none());
         assert!(full_object(None, "abc", None, None, None).is_none());
         // A multipart upload's bare CRC32 without a checksum type is its composite.

@@ -58,6 +58,11 @@ pub(crate) struct ClientSettings {
     pub path_style: bool,
     /// `None`: the standard AWS credential chain.
     pub credentials: Option<StaticCredentials>,
+    /// A named profile of the shared config and credentials files (`None`: `AWS_PROFILE` or
+    /// the default profile).
+    pub profile: Option<String>,
+    /// Unsigned requests, for public buckets (`--no-sign-request`).
+    pub anonymous: bool,
     /// The most requests in flight, which sizes the retry budget.
     pub max_requests: usize,
 }
@@ -129,6 +134,12 @@ pub(crate) async fn build(
     }
     if let Some(endpoint) = &settings.endpoint {
         loader = loader.endpoint_url(endpoint);
+    }
+    if let Some(profile) = &settings.profile {
+        loader = loader.profile_name(profile);
+    }
+    if settings.anonymous {
+        loader = loader.no_credentials();
     }
     if let Some(creds) = &settings.credentials {
         loader = loader.credentials_provider(Credentials::new(

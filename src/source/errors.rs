@@ -46,9 +46,14 @@ fn classify_status(answer: HttpAnswer) -> SourceErrorKind {
     match (answer.status, answer.code.as_str()) {
         (412, _) => Changed,
         (_, "NoSuchBucket") => NoSuchBucket,
-        (_, "InvalidAccessKeyId" | "SignatureDoesNotMatch" | "InvalidToken" | "ExpiredToken") => {
-            CredentialsRejected(answer)
-        }
+        (
+            _,
+            "InvalidAccessKeyId"
+            | "SignatureDoesNotMatch"
+            | "InvalidToken"
+            | "ExpiredToken"
+            | "NotSignedUp",
+        ) => CredentialsRejected(answer),
         (_, "AccessDenied") | (403, _) => AccessDenied(answer),
         (_, "PermanentRedirect" | "AuthorizationHeaderMalformed") | (301, _) => WrongRegion(answer),
         (404, _) | (_, "NoSuchKey") => NotFound(answer),

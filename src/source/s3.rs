@@ -13,14 +13,34 @@ use super::errors::classify;
 use super::list::ObjectEntry;
 use super::object_source::{Body, GetResponse, ListPage, ObjectHead, ObjectRef, ObjectSource};
 use crate::error::SourceError;
+use crate::error::SourceErrorKind;
 
 pub(crate) struct S3Source {
     client: aws_sdk_s3::Client,
+    /// Requests go unsigned (`--no-sign-request`): a refusal means the bucket is not public.
+    anonymous: bool,
 }
 
 impl S3Source {
-    pub(crate) fn new(client: aws_sdk_s3::Client) -> Self {
-        Self { client }
+    /// A source over `client`; `anonymous` when it sends unsigned requests.
+    pub(crate) fn new(client: aws_sdk_s3::Client, anonymous: bool) -> Self {
+        Self { client, anonymous }
+    }
+
+    fn classify<E, R>(
+        &self,
+        err: aws_sdk_s3::error::SdkError<E, R>,
+        request: String,
+    ) -> crate::error::SourceError
+    where
+        E: aws_sdk_s3::error::ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+        R: std::fmt::Debug + super::errors::HasStatus + Send + Sync + 'static,
+    {
+        let mut error = classify(err, request);
+        if let (true, SourceErrorKind::AccessDenied(answer)) = (self.anonymous, &error.kind) {
+            error.kind = SourceErrorKind::NotPublic(answer.clone());
+        }
+        error
     }
 }
 
@@ -51,7 +71,7 @@ impl ObjectSource for S3Source {
                 .set_continuation_token(continuation)
                 .send()
                 .await
-                .map_err(|err| classify(err, format!("listing s3://{bucket}/{prefix}")))?;
+                .map_err(|err| self.classify(err, format!("listing s3://{bucket}/{prefix}")))?;
             let entries = page
                 .contents()
                 .iter()
@@ -93,7 +113,7 @@ impl ObjectSource for S3Source {
             let head = request
                 .send()
                 .await
-                .map_err(|err| classify(err, format!("HEAD {}", object.key)))?;
+                .map_err(|err| self.classify(err, format!("HEAD {}", object.key)))?;
             let etag = head.e_tag().unwrap_or_default();
             Ok(ObjectHead {
                 etag: etag.to_string(),
@@ -137,7 +157,7 @@ impl ObjectSource for S3Source {
             let response = request
                 .send()
                 .await
-                .map_err(|err| classify(err, format!("GET {} {:?}", object.key, range)))?;
+                .map_err(|err| self.classify(err, format!("GET {} {:?}", object.key, range)))?;
             Ok(GetResponse {
                 etag: response.e_tag().map(str::to_string),
                 content_range: response.content_range().map(str::to_string),

@@ -3,6 +3,7 @@
 
 #[macro_use]
 mod support;
+mod access;
 mod container;
 mod csi;
 mod daemon;

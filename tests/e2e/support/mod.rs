@@ -37,6 +37,9 @@ use std::sync::{Arc, Mutex};
 use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
 use faults::{Faults, FaultyS3};
 
+/// The in-process server's bucket that anyone may read without signing.
+pub const PUBLIC_BUCKET: &str = "open-data";
+
 /// Connection details of an S3 server under test.
 #[derive(Clone, Debug)]
 pub struct S3Target {
@@ -65,7 +68,9 @@ impl Server {
             access_key: "AKIATESTHYDRATOR0001".into(),
             secret_key: "test-secret-key-of-the-in-process-server".into(),
         };
-        let inner = hydrator::demo::server::s3_service(data.path(), &credentials).unwrap();
+        let inner =
+            hydrator::demo::server::s3_service(data.path(), &credentials, Some(PUBLIC_BUCKET))
+                .unwrap();
         let faults = Arc::new(Faults::default());
         let replace_client = Arc::new(Mutex::new(None));
         let service = FaultyS3 {
