@@ -228,6 +228,10 @@ pub struct ConnectionOptions {
     /// Send requests unsigned, for public buckets (open data).
     #[arg(long, env = "HYDRATOR_NO_SIGN_REQUEST")]
     pub no_sign_request: bool,
+    /// PEM file of CA certificates to trust besides the system's (an in-house CA for an
+    /// on-prem HTTPS endpoint). SSL_CERT_FILE replaces the system's roots instead.
+    #[arg(long, env = "AWS_CA_BUNDLE")]
+    pub ca_bundle: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -349,6 +353,7 @@ impl ConnectionOptions {
             path_style: self.path_style,
             profile: self.profile.clone().filter(|p| !p.is_empty()),
             anonymous: self.no_sign_request,
+            ca_bundle: self.ca_bundle.clone().filter(|f| !f.as_os_str().is_empty()),
             ..config
         }
     }

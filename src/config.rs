@@ -77,6 +77,7 @@ impl SyncConfig {
             credentials: None,
             profile: None,
             anonymous: false,
+            ca_bundle: None,
             concurrency: Concurrency::Auto,
             part_size: DEFAULT_PART_SIZE,
             include: vec![],
@@ -155,6 +156,8 @@ pub(crate) struct SyncConfigBuilder {
     pub profile: Option<String>,
     /// Unsigned requests (`--no-sign-request`).
     pub anonymous: bool,
+    /// A PEM file of certificates to trust besides the system's (`--ca-bundle`).
+    pub ca_bundle: Option<PathBuf>,
     pub concurrency: Concurrency,
     pub part_size: u64,
     pub include: Vec<String>,
@@ -171,6 +174,10 @@ pub(crate) struct SyncConfigBuilder {
 impl SyncConfigBuilder {
     /// The validated config.
     pub(crate) fn build(self) -> Result<SyncConfig, UsageError> {
+        let ca_bundle = match &self.ca_bundle {
+            None => None,
+            Some(file) => Some(read_ca_bundle(file)?),
+        };
         let config = SyncConfig {
             client: ClientSettings {
                 path_style: self.path_style.unwrap_or(self.endpoint.is_some()),
@@ -179,6 +186,7 @@ impl SyncConfigBuilder {
                 credentials: self.credentials,
                 profile: self.profile,
                 anonymous: self.anonymous,
+                ca_bundle,
                 max_requests: self.concurrency.max(),
             },
             source: self.source,
@@ -197,6 +205,18 @@ impl SyncConfigBuilder {
         };
         config.validate()?;
         Ok(config)
+    }
+}
+
+/// The certificates of a `--ca-bundle` file: PEM with at least one certificate.
+pub(crate) fn read_ca_bundle(file: &std::path::Path) -> Result<Vec<u8>, UsageError> {
+    let bad = |why: String| UsageError::new(format!("--ca-bundle {}: {why}", file.display()));
+    let pem = std::fs::read(file).map_err(|e| bad(e.to_string()))?;
+    match pem.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") {
+        true => Ok(pem),
+        false => Err(bad(
+            "no PEM certificate (-----BEGIN CERTIFICATE-----) in it".into(),
+        )),
     }
 }
 

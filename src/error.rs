@@ -141,6 +141,9 @@ pub enum SourceErrorKind {
     NoCredentials(String),
     #[error("connection failed: {0}")]
     Connection(String),
+    /// TLS: the server's certificate is not trusted or names another host.
+    #[error("the server's certificate is not trusted: {0}; if your own CA signed it, give its certificate with --ca-bundle (AWS_CA_BUNDLE), and reach the server by a name the certificate holds")]
+    UntrustedCertificate(String),
     #[error("request failed: {0}")]
     Dispatch(String),
     #[error("broken response: {0}")]
@@ -173,6 +176,7 @@ impl SourceErrorKind {
             | NotPublic(_)
             | WrongRegion(_)
             | NoCredentials(_)
+            | UntrustedCertificate(_)
             | Construction(_) => Remedy::Usage,
             Unavailable(_) | Timeout | Connection(_) | Dispatch(_) | BrokenResponse(_) => {
                 Remedy::Retry

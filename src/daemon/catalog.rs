@@ -98,6 +98,7 @@ struct RawDataset {
     profile: Option<String>,
     #[serde(default)]
     no_sign_request: bool,
+    ca_bundle: Option<PathBuf>,
 }
 
 /// The validated catalog.
@@ -166,6 +167,8 @@ pub(crate) struct Dataset {
     pub profile: Option<String>,
     /// Unsigned requests, for a public bucket.
     pub anonymous: bool,
+    /// CA certificates to trust besides the system's.
+    pub ca_bundle: Option<PathBuf>,
     /// The pinned snapshot (from the catalog's `snapshot` file): the dataset never moves past it.
     pub pinned: Option<std::sync::Arc<crate::snapshot::Snapshot>>,
     pub prewarm: bool,
@@ -187,6 +190,7 @@ impl Dataset {
             credentials: self.credentials.clone(),
             profile: self.profile.clone(),
             anonymous: self.anonymous,
+            ca_bundle: self.ca_bundle.clone(),
             concurrency,
             progress: ProgressMode::None,
             ..SyncConfig::builder(self.source.clone(), dest)
@@ -522,6 +526,11 @@ fn dataset(
             None
         }
     };
+    if let Some(file) = &raw.ca_bundle {
+        if let Err(err) = config::read_ca_bundle(file) {
+            problem(err.to_string().replace("--ca-bundle", "ca_bundle"));
+        }
+    }
     if raw.no_sign_request && (raw.access_key_id_env.is_some() || raw.profile.is_some()) {
         problem("no_sign_request sends no credentials: drop the credentials or the profile".into());
     }
@@ -552,6 +561,7 @@ fn dataset(
         credentials,
         profile: raw.profile,
         anonymous: raw.no_sign_request,
+        ca_bundle: raw.ca_bundle,
         pinned,
         prewarm: raw.prewarm,
         refresh: Duration::from_secs(raw.refresh_seconds.unwrap_or(DEFAULT_REFRESH)),

@@ -68,6 +68,7 @@ pub(crate) async fn seed(
         credentials: Some(server.credentials.clone()),
         profile: None,
         anonymous: false,
+        ca_bundle: None,
         max_requests: UPLOADS,
     };
     let client = client::build(&settings, Default::default()).await;

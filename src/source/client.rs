@@ -63,6 +63,8 @@ pub(crate) struct ClientSettings {
     pub profile: Option<String>,
     /// Unsigned requests, for public buckets (`--no-sign-request`).
     pub anonymous: bool,
+    /// PEM certificates trusted besides the system's (`--ca-bundle`, an in-house CA).
+    pub ca_bundle: Option<Vec<u8>>,
     /// The most requests in flight, which sizes the retry budget.
     pub max_requests: usize,
 }
@@ -117,6 +119,20 @@ impl Intercept for RecordResponses {
     }
 }
 
+/// The SDK's HTTPS client, trusting `pem`'s certificates as well as the system's roots (which
+/// honour `SSL_CERT_FILE` and `SSL_CERT_DIR`).
+fn https_client_trusting(pem: &[u8]) -> aws_smithy_runtime_api::client::http::SharedHttpClient {
+    use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode, TlsContext, TrustStore};
+    let context = TlsContext::builder()
+        .with_trust_store(TrustStore::default().with_pem_certificate(pem.to_vec()))
+        .build()
+        .expect("a trust store of PEM certificates always builds");
+    aws_smithy_http_client::Builder::new()
+        .tls_provider(tls::Provider::Rustls(CryptoMode::AwsLc))
+        .tls_context(context)
+        .build_https()
+}
+
 /// The client for `settings`; its answers are counted into `responses`.
 pub(crate) async fn build(
     settings: &ClientSettings,
@@ -134,6 +150,9 @@ pub(crate) async fn build(
     }
     if let Some(endpoint) = &settings.endpoint {
         loader = loader.endpoint_url(endpoint);
+    }
+    if let Some(pem) = &settings.ca_bundle {
+        loader = loader.http_client(https_client_trusting(pem));
     }
     if let Some(profile) = &settings.profile {
         loader = loader.profile_name(profile);

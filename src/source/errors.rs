@@ -26,6 +26,12 @@ where
         {
             SourceErrorKind::NoCredentials(describe_chain(&err))
         }
+        // rustls' own words; the error reaches here as text inside an io::Error.
+        SdkError::DispatchFailure(_)
+            if describe_chain(&err).contains("invalid peer certificate") =>
+        {
+            SourceErrorKind::UntrustedCertificate(describe_chain(&err))
+        }
         SdkError::DispatchFailure(failure) if failure.is_io() || failure.is_timeout() => {
             SourceErrorKind::Connection(describe_chain(&err))
         }

@@ -1,6 +1,7 @@
 //! How hydrator reaches a bucket: unsigned requests to a public bucket, and named profiles of
 //! the shared config and credentials files.
 
+use crate::support::tls::TlsProxy;
 use crate::support::{
     assert_mirror, content, files, hydrator_command, hydrator_sync, temp_dest, Server,
     PUBLIC_BUCKET,
@@ -112,4 +113,46 @@ fn a_named_profile_supplies_the_credentials() {
     );
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("credentials were rejected"), "{stderr}");
+}
+
+#[test]
+fn an_endpoint_signed_by_an_in_house_ca_needs_its_bundle_and_the_right_name() {
+    let server = Server::local();
+    let expected = files(&[("tls/a.bin", content(64, 2 * 1024 * 1024 + 5))]);
+    server.seed("secure/", &expected);
+    let upstream = server
+        .target
+        .endpoint
+        .trim_start_matches("http://")
+        .to_string();
+    let proxy = TlsProxy::start(&server.runtime, &upstream);
+    let ca = proxy.ca_file.to_str().unwrap();
+    let url = format!("s3://{}/secure/", server.target.bucket);
+    let over = |host: &str, args: &[&str]| {
+        let (dir, dest) = temp_dest();
+        let target = crate::support::S3Target {
+            endpoint: format!("https://{host}:{}", proxy.port),
+            ..server.target.clone()
+        };
+        (hydrator_sync(&target, &url, &dest, args), dir, dest)
+    };
+
+    let (run, _dir, _) = over("localhost", &[]);
+    run.assert_code(2);
+    assert!(run.stderr().contains("not trusted"), "{}", run.stderr());
+    assert!(run.stderr().contains("--ca-bundle"), "{}", run.stderr());
+
+    let (run, _dir, dest) = over("localhost", &["--ca-bundle", ca]);
+    run.assert_code(0);
+    assert_mirror(&dest, &expected);
+
+    // The certificate names localhost, not 127.0.0.1.
+    let (run, _dir, _) = over("127.0.0.1", &["--ca-bundle", ca]);
+    run.assert_code(2);
+    assert!(
+        run.stderr()
+            .contains("certificate not valid for name \"127.0.0.1\""),
+        "{}",
+        run.stderr()
+    );
 }

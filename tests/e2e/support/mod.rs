@@ -28,6 +28,7 @@ pub mod daemon;
 pub mod faults;
 pub mod garage;
 pub mod seccomp;
+pub mod tls;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
