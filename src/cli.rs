@@ -238,6 +238,13 @@ pub struct ConnectionOptions {
 pub struct SyncOptions {
     #[command(flatten)]
     pub connection: ConnectionOptions,
+    /// Bytes a second to receive at most, across all requests (e.g. 500MiB): leaves room on a
+    /// network shared with training traffic.
+    #[arg(long, env = "HYDRATOR_MAX_BANDWIDTH", value_parser = crate::units::parse_size, value_name = "RATE")]
+    pub max_bandwidth: Option<u64>,
+    /// GET requests a second to send at most, across all requests.
+    #[arg(long, env = "HYDRATOR_MAX_REQUESTS_PER_SECOND", value_name = "N")]
+    pub max_requests_per_second: Option<f64>,
     /// Ranged GETs in flight: auto (start at 4, climb while throughput grows, up to 64) or a
     /// fixed number.
     #[arg(long, env = "HYDRATOR_CONCURRENCY", default_value = "auto", value_parser = config::parse_concurrency)]
@@ -364,6 +371,8 @@ impl SyncOptions {
     pub(crate) fn apply(&self, config: SyncConfigBuilder) -> SyncConfigBuilder {
         SyncConfigBuilder {
             concurrency: self.concurrency,
+            max_bandwidth: self.max_bandwidth,
+            max_requests_per_second: self.max_requests_per_second,
             part_size: self.part_size,
             include: self.include.clone(),
             exclude: self.exclude.clone(),

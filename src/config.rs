@@ -63,9 +63,18 @@ pub(crate) struct SyncConfig {
     pub lock_timeout: Option<Duration>,
     /// Hydrate exactly this snapshot instead of the live listing.
     pub snapshot: Option<Arc<Snapshot>>,
+    /// Bytes a second the run may receive (`--max-bandwidth`).
+    pub max_bandwidth: Option<u64>,
+    /// GETs a second the run may send (`--max-requests-per-second`).
+    pub max_requests_per_second: Option<f64>,
 }
 
 impl SyncConfig {
+    /// The run's bandwidth and request-rate caps.
+    pub(crate) fn rates(&self) -> crate::engine::rate::Rates {
+        crate::engine::rate::Rates::new(self.max_bandwidth, self.max_requests_per_second)
+    }
+
     /// A builder with the defaults for everything but what says where to read and write.
     pub(crate) fn builder(source: S3Url, dest: PathBuf) -> SyncConfigBuilder {
         SyncConfigBuilder {
@@ -89,6 +98,8 @@ impl SyncConfig {
             delete: false,
             lock_timeout: None,
             snapshot: None,
+            max_bandwidth: None,
+            max_requests_per_second: None,
         }
     }
 
@@ -107,6 +118,17 @@ impl SyncConfig {
 
     /// Checks the settings. [`SyncConfigBuilder::build`] runs this, so every `SyncConfig` passes.
     fn validate(&self) -> Result<(), UsageError> {
+        if self.max_bandwidth == Some(0) {
+            return Err(UsageError::new("--max-bandwidth must be more than 0"));
+        }
+        if self
+            .max_requests_per_second
+            .is_some_and(|r| r.is_nan() || r <= 0.0)
+        {
+            return Err(UsageError::new(
+                "--max-requests-per-second must be more than 0",
+            ));
+        }
         let client = &self.client;
         if client.anonymous && (client.credentials.is_some() || client.profile.is_some()) {
             return Err(UsageError::new(
@@ -169,6 +191,8 @@ pub(crate) struct SyncConfigBuilder {
     pub delete: bool,
     pub lock_timeout: Option<Duration>,
     pub snapshot: Option<Arc<Snapshot>>,
+    pub max_bandwidth: Option<u64>,
+    pub max_requests_per_second: Option<f64>,
 }
 
 impl SyncConfigBuilder {
@@ -202,6 +226,8 @@ impl SyncConfigBuilder {
             delete: self.delete,
             lock_timeout: self.lock_timeout,
             snapshot: self.snapshot,
+            max_bandwidth: self.max_bandwidth,
+            max_requests_per_second: self.max_requests_per_second,
         };
         config.validate()?;
         Ok(config)

@@ -172,7 +172,11 @@ pub(crate) async fn run(catalog_path: &Path) -> Result<Exit, SyncError> {
     let root = catalog.cache.root.clone();
     let (registry, resumable) = recover::scan(&root, &catalog)
         .map_err(|e| UsageError::new(format!("cache root {}: {e}", root.display())))?;
-    let (budget, controller) = Budget::new(catalog.cache.concurrency);
+    let rates = crate::engine::rate::Rates::new(
+        catalog.cache.max_bandwidth,
+        catalog.cache.max_requests_per_second,
+    );
+    let (budget, controller) = Budget::new(catalog.cache.concurrency, rates);
     let io_backend = crate::write::Writers::start(crate::config::IoBackendChoice::Auto)?
         .backend
         .to_string();

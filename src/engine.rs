@@ -21,6 +21,7 @@ mod limits;
 mod object;
 mod part;
 pub(crate) mod progress;
+pub(crate) mod rate;
 pub(crate) mod retry;
 mod run;
 pub(crate) mod stats;

@@ -92,6 +92,9 @@ pub(crate) struct Summary {
     pub io_backend: Option<Backend>,
     /// The most GETs this run had in flight at once (the adaptive limit's peak).
     pub peak_requests_in_flight: usize,
+    /// Seconds parts spent waiting on `--max-bandwidth` or `--max-requests-per-second`, summed
+    /// over parts: well above zero, a cap was the bottleneck.
+    pub rate_limited_seconds: f64,
     pub io_backend_fallback_reason: Option<String>,
     pub duration_seconds: f64,
     pub throughput_bytes_per_second: f64,
@@ -210,6 +213,7 @@ mod tests {
             object_restarts: 0,
             io_backend: Some(Backend::Pwrite),
             peak_requests_in_flight: 4,
+            rate_limited_seconds: 0.0,
             io_backend_fallback_reason: None,
             duration_seconds: 1.0,
             throughput_bytes_per_second: 0.0,

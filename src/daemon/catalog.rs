@@ -58,6 +58,8 @@ struct RawCache {
     maintenance_interval_seconds: Option<u64>,
     #[serde(default)]
     max_leases_per_dataset: Option<usize>,
+    max_bandwidth: Option<String>,
+    max_requests_per_second: Option<f64>,
 }
 
 #[derive(Default, Deserialize)]
@@ -127,6 +129,10 @@ pub(crate) struct Cache {
     pub maintenance_interval: Duration,
     /// Leases one dataset may hold; more are refused.
     pub max_leases_per_dataset: usize,
+    /// Bytes a second all hydrations together may receive.
+    pub max_bandwidth: Option<u64>,
+    /// GETs a second all hydrations together may send.
+    pub max_requests_per_second: Option<f64>,
 }
 
 #[derive(Clone, PartialEq)]
@@ -345,6 +351,17 @@ fn cache(raw: RawCache, problems: &mut Vec<String>) -> Cache {
             problems,
         ),
         max_leases_per_dataset,
+        max_bandwidth: raw
+            .max_bandwidth
+            .map(|rate| size("cache.max_bandwidth", &rate, problems))
+            .filter(|&rate| rate > 0),
+        max_requests_per_second: raw.max_requests_per_second.filter(|&rate| {
+            let valid = rate > 0.0;
+            if !valid {
+                problems.push("cache.max_requests_per_second must be more than 0".into());
+            }
+            valid
+        }),
     }
 }
 

@@ -25,6 +25,7 @@ pub(super) struct FetchCtx {
     pub part_size: u64,
     pub request_slots: Arc<RequestSlots>,
     pub pool: BufferPool,
+    pub rates: Arc<super::rate::Rates>,
     pub stats: Arc<Stats>,
     /// Versions are pinned by a snapshot: a changed object is an error, not a restart.
     pub pinned: bool,

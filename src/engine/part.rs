@@ -148,6 +148,7 @@ impl PartStream {
     ) -> Result<(), PartError> {
         let expected = target.range.end - target.range.start;
         let rest = target.range.start + self.received..target.range.end;
+        ctx.fetch.rates.request().await;
         let mut body = get_range(&*ctx.fetch.source, object, rest).await?;
         // The rate of this response: time spent waiting for the network only (waiting for a
         // buffer, a slow disk, is not the server's slowness) and the bytes it brought.
@@ -180,6 +181,7 @@ impl PartStream {
             };
             Stats::add(&ctx.fetch.stats.bytes_received, chunk.len() as u64);
             ctx.fetch.request_slots.record_received(chunk.len() as u64);
+            ctx.fetch.rates.bytes(chunk.len() as u64).await;
             if self.received + chunk.len() as u64 > expected {
                 return Err(BodyError::Long { expected }.into());
             }

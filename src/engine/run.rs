@@ -16,6 +16,7 @@ use super::context::{Ctx, FetchCtx, WriteCtx};
 use super::limits;
 use super::object::mirror_object;
 use super::progress::Progress;
+use super::rate::Rates;
 use super::stats::Stats;
 use crate::config::{Concurrency, SyncConfig};
 use crate::error::{Exit, IoContext, LocalError, ObjectError, SyncError, UsageError};
@@ -54,12 +55,14 @@ const MAX_REPORTED_FAILURES: usize = 10_000;
 pub(crate) struct Budget {
     pub slots: Arc<RequestSlots>,
     pub pool: BufferPool,
+    /// Bandwidth and request-rate caps.
+    pub rates: Arc<Rates>,
 }
 
 impl Budget {
     /// The budget of `concurrency` requests in flight (and the buffers they need); with
     /// `Auto`, the adaptive controller runs until the returned handle is aborted.
-    pub(crate) fn new(concurrency: Concurrency) -> (Self, Option<JoinHandle<()>>) {
+    pub(crate) fn new(concurrency: Concurrency, rates: Rates) -> (Self, Option<JoinHandle<()>>) {
         let in_flight = limits::in_flight(
             concurrency.max(),
             concurrency.max() * adaptive::OBJECTS_PER_SLOT,
@@ -72,7 +75,8 @@ impl Budget {
         let controller =
             (concurrency == Concurrency::Auto).then(|| adaptive::spawn_controller(slots.clone()));
         let pool = BufferPool::new(buffer_count(concurrency), WRITE_BUFFER_SIZE);
-        (Self { slots, pool }, controller)
+        let rates = Arc::new(rates);
+        (Self { slots, pool, rates }, controller)
     }
 }
 
@@ -191,7 +195,7 @@ async fn prepare(
     let checkpointer = checkpoint::spawn(checkpoints.clone(), manifest.clone());
     let (budget, controller) = match hooks.budget {
         Some(budget) => (budget, None),
-        None => Budget::new(cfg.concurrency()),
+        None => Budget::new(cfg.concurrency(), cfg.rates()),
     };
     let source = match hooks.source {
         Some(source) => source,
@@ -208,6 +212,7 @@ async fn prepare(
             part_size: cfg.part_size(),
             request_slots: budget.slots,
             pool: budget.pool,
+            rates: budget.rates,
             stats: hooks.stats,
             pinned: cfg.snapshot.is_some(),
         },
@@ -421,6 +426,7 @@ async fn finish(cfg: &SyncConfig, run: Prepared, mirrored: Mirrored, started: In
             backend: writers.backend,
             fallback_reason: writers.fallback_reason.clone(),
             peak_requests: ctx.fetch.request_slots.peak(),
+            rate_limited_seconds: ctx.fetch.rates.waited_seconds(),
         }),
         failures,
         started,
@@ -517,6 +523,7 @@ struct RunFacts {
     backend: crate::write::Backend,
     fallback_reason: Option<String>,
     peak_requests: usize,
+    rate_limited_seconds: f64,
 }
 
 /// The run's summary, from its counters: the one place a summary is built.
@@ -562,6 +569,7 @@ fn summarize(
         object_restarts: Stats::get(&stats.object_restarts),
         io_backend: facts.as_ref().map(|f| f.backend),
         peak_requests_in_flight: facts.as_ref().map_or(0, |f| f.peak_requests),
+        rate_limited_seconds: facts.as_ref().map_or(0.0, |f| f.rate_limited_seconds),
         io_backend_fallback_reason: facts.and_then(|f| f.fallback_reason),
         duration_seconds: elapsed,
         throughput_bytes_per_second: downloaded as f64 / elapsed.max(1e-9),

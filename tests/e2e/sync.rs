@@ -652,3 +652,36 @@ fn missing_credentials_are_a_usage_error() {
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("no usable credentials"), "{stderr}");
 }
+
+#[test]
+fn bandwidth_and_request_rate_caps_hold_the_pace_they_name() {
+    let server = Server::local();
+    server.seed("capped/", &files(&[("big.bin", content(71, 256 * MIB))]));
+    let (_dir, dest) = temp_dest();
+    let url = format!("s3://{}/capped/", server.target.bucket);
+    let run = support::hydrator_sync(&server.target, &url, &dest, &["--max-bandwidth", "64MiB"]);
+    run.assert_code(0);
+    let seconds = run.report()["duration_seconds"].as_f64().unwrap();
+    eprintln!("256 MiB at --max-bandwidth 64MiB: {seconds:.2} s");
+    // 4 s of paced transfer, plus the run's own start, listing and final syncfs (~0.5 s here).
+    assert!((3.4..=5.2).contains(&seconds), "{seconds} s, 4 s expected");
+    assert!(run.report()["rate_limited_seconds"].as_f64().unwrap() > 1.0);
+
+    let small: BTreeMap<String, Vec<u8>> = (0..40)
+        .map(|i| (format!("f{i:02}"), content(i, 1000)))
+        .collect();
+    server.seed("paced/", &small);
+    let (_dir, dest) = temp_dest();
+    let url = format!("s3://{}/paced/", server.target.bucket);
+    let run = support::hydrator_sync(
+        &server.target,
+        &url,
+        &dest,
+        &["--max-requests-per-second", "20"],
+    );
+    run.assert_code(0);
+    let seconds = run.report()["duration_seconds"].as_f64().unwrap();
+    eprintln!("40 GETs at --max-requests-per-second 20: {seconds:.2} s");
+    assert!((1.65..=2.3).contains(&seconds), "{seconds} s, 2 s expected");
+    assert_mirror(&dest, &small);
+}
