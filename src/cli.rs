@@ -163,6 +163,13 @@ pub struct CsiArgs {
         default_value = "/var/lib/hydrator-csi"
     )]
     pub state_dir: PathBuf,
+    /// The kubelet's pods directory: the plugin mounts and unmounts only under it.
+    #[arg(
+        long,
+        env = "HYDRATOR_CSI_PODS_DIR",
+        default_value = "/var/lib/kubelet/pods"
+    )]
+    pub pods_dir: PathBuf,
     #[command(flatten)]
     pub connection: DaemonConnection,
 }

@@ -28,7 +28,7 @@ use std::time::Duration;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_stream::wrappers::UnixListenerStream;
 
-use crate::cli::CsiArgs;
+use crate::cli::{CsiArgs, DaemonConnection};
 use crate::daemon_client::Client;
 use crate::error::{Exit, SyncError, UsageError};
 use plugin::Plugin;
@@ -36,6 +36,8 @@ use proto::identity_server::IdentityServer;
 use proto::node_server::NodeServer;
 use service::IdentityService;
 
+/// The longest a call waits for an absent daemon (`--daemon-wait` is cut to it).
+const MAX_DAEMON_WAIT: u64 = 5;
 /// How often leases are matched against what is mounted.
 const RECONCILE_EVERY: Duration = Duration::from_secs(60);
 
@@ -43,13 +45,16 @@ pub(crate) async fn run(args: CsiArgs) -> Result<Exit, SyncError> {
     let socket = socket_path(&args.endpoint)?;
     let volumes = volumes::Volumes::open(&args.state_dir)
         .map_err(|e| UsageError::new(format!("--state-dir {}: {e}", args.state_dir.display())))?;
-    let plugin = Arc::new(Plugin::new(
-        Client::new(&args.connection, "csi", None)?,
-        volumes,
-    ));
+    // A CSI call must not sit out a long wait for an absent daemon: the kubelet asks again.
+    let connection = DaemonConnection {
+        daemon_wait: args.connection.daemon_wait.min(MAX_DAEMON_WAIT),
+        ..args.connection
+    };
+    let client = Client::new(&connection, "csi", None)?;
+    let plugin = Arc::new(Plugin::new(client, volumes, args.pods_dir.clone()));
     let identity = IdentityService {
         name: args.driver_name.clone(),
-        daemon: Arc::new(Client::new(&args.connection, "csi", None)?),
+        daemon: Arc::new(Client::new(&connection, "csi", None)?),
     };
     let node = service::NodeService {
         node_id: args.node_id.clone(),

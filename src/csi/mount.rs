@@ -2,18 +2,24 @@
 //!
 //! A bind mount takes the flags of its source, so making it read-only takes a second call
 //! (`MS_REMOUNT | MS_BIND | MS_RDONLY`) that changes this mount only, never the cache's
-//! filesystem. Whether a path is a mount point is read from `/proc/self/mountinfo`: a bind
-//! mount of a directory on the same filesystem has the same device number as its parent, so
-//! `stat` cannot tell.
+//! filesystem. That remount does not reach the mount's peers in other namespaces (the host's
+//! copy that the container runtime hands the pod), so the plugin's container mounts the cache
+//! read-only as well: a bind of a read-only mount is read-only everywhere it propagates.
+//! Whether a path is a mount point, and whether it is read-only, is read from
+//! `/proc/self/mountinfo`: a bind mount of a directory on the same filesystem has the same
+//! device number as its parent, so `stat` cannot tell.
 
 use std::io;
 use std::path::Path;
 
 use rustix::mount::{MountFlags, UnmountFlags};
 
-/// Mounts `source` on `target` (created if missing), read-only.
+/// Mounts `source` on `target` (created if missing; its parent must exist), read-only.
 pub(crate) fn bind_read_only(source: &Path, target: &Path) -> io::Result<()> {
-    std::fs::create_dir_all(target)?;
+    match std::fs::create_dir(target) {
+        Err(err) if err.kind() != io::ErrorKind::AlreadyExists => return Err(err),
+        _ => {}
+    }
     rustix::mount::mount_bind(source, target)?;
     let read_only = MountFlags::BIND | MountFlags::RDONLY;
     if let Err(err) = rustix::mount::mount_remount(target, read_only, "") {
@@ -28,14 +34,35 @@ pub(crate) fn unmount(target: &Path) -> io::Result<()> {
     Ok(rustix::mount::unmount(target, UnmountFlags::empty())?)
 }
 
-/// Whether something is mounted on `path` in this mount namespace.
-pub(crate) fn is_mount_point(path: &Path) -> io::Result<bool> {
+/// What is mounted on a path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mounted {
+    No,
+    ReadOnly,
+    Writable,
+}
+
+/// What is mounted on `path` in this mount namespace (the topmost mount, if several). The path
+/// is resolved first (symlinks, `..`), as the kernel names mount points.
+pub(crate) fn mounted(path: &Path) -> io::Result<Mounted> {
+    let path = match std::fs::canonicalize(path) {
+        Ok(path) => path,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(Mounted::No),
+        Err(err) => return Err(err),
+    };
     let table = std::fs::read_to_string("/proc/self/mountinfo")?;
     let wanted = path.to_string_lossy();
-    Ok(table
-        .lines()
-        .filter_map(|line| line.split(' ').nth(4))
-        .any(|mount_point| unescape(mount_point) == wanted))
+    let top = table.lines().rev().find_map(|line| {
+        let mut fields = line.split(' ');
+        let mount_point = fields.nth(4)?;
+        let options = fields.next()?;
+        (unescape(mount_point) == wanted).then(|| options.split(',').any(|o| o == "ro"))
+    });
+    Ok(match top {
+        None => Mounted::No,
+        Some(true) => Mounted::ReadOnly,
+        Some(false) => Mounted::Writable,
+    })
 }
 
 /// Mount points in mountinfo escape space, tab, newline and backslash as `\ooo` (octal).
@@ -81,8 +108,9 @@ mod tests {
 
     #[test]
     fn the_root_is_a_mount_point_and_a_fresh_directory_is_not() {
-        assert!(is_mount_point(Path::new("/")).unwrap());
+        assert_ne!(mounted(Path::new("/")).unwrap(), Mounted::No);
         let dir = tempfile::tempdir().unwrap();
-        assert!(!is_mount_point(dir.path()).unwrap());
+        assert_eq!(mounted(dir.path()).unwrap(), Mounted::No);
+        assert_eq!(mounted(&dir.path().join("gone")).unwrap(), Mounted::No);
     }
 }

@@ -9,22 +9,29 @@
 //! - The lease is held until unpublish (`until_released`), by `POD_UID:VOLUME_ID`, on the exact
 //!   snapshot that is mounted, so eviction never removes data a pod has mounted and a newer
 //!   version of the dataset never changes files under it.
+//! - A dataset that is being refreshed is served from the snapshot held meanwhile: a pod never
+//!   waits for a relisting, only for data the node does not have yet.
 //! - Every volume is recorded on disk before it is mounted ([`super::volumes`]); at start and
-//!   every minute the plugin renews the lease of each mounted volume (a daemon that lost its
-//!   state gets them back) and releases those of records whose target is no longer mounted (a
-//!   publish or unpublish cut short).
-//! - Publishes, unpublishes and that reconciliation run one at a time: each is a few
-//!   milliseconds of local work and one or two calls to the daemon.
+//!   every minute the plugin asks the daemon for its leases once, takes again those of mounted
+//!   volumes that are missing (a daemon that lost its state gets them back) and releases those
+//!   of records whose target is no longer mounted (a publish or unpublish cut short). A pass
+//!   stops at the first call the daemon does not answer.
+//! - Calls for one volume run one at a time; different volumes do not wait for each other.
+//! - Targets must lie under the kubelet's pods directory: the plugin mounts and unmounts only
+//!   there.
 
-use std::path::{Path, PathBuf};
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use hyper::{Method, StatusCode};
+use tokio::sync::OwnedMutexGuard;
 use tonic::Status;
 
-use super::mount;
+use super::mount::{self, Mounted};
 use super::proto::{volume_capability::AccessType, NodePublishVolumeRequest};
 use super::volumes::{self, Volume, Volumes};
-use crate::daemon::protocol::{DatasetStatus, LeaseRequest, State};
+use crate::daemon::protocol::{DatasetStatus, Lease, LeaseRequest, State, UNTIL_RELEASED};
 use crate::daemon_client::{explain, percent_encode, CallError, Client};
 use crate::units::human_bytes;
 
@@ -36,10 +43,12 @@ const POD_UID_ATTRIBUTE: &str = "csi.storage.k8s.io/pod.uid";
 const EPHEMERAL_ATTRIBUTE: &str = "csi.storage.k8s.io/ephemeral";
 
 pub(crate) struct Plugin {
-    pub client: Client,
-    pub volumes: Volumes,
-    /// One publish, unpublish or reconciliation at a time.
-    one_at_a_time: tokio::sync::Mutex<()>,
+    client: Client,
+    volumes: Volumes,
+    /// The kubelet's pods directory: every target lies under it.
+    pods_dir: PathBuf,
+    /// One lock per volume id seen in this process's life: calls for a volume take turns.
+    turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// What a publish request asks for, checked.
@@ -51,8 +60,23 @@ struct Ask {
     target: PathBuf,
 }
 
+/// A target the plugin may mount on: under the pods directory, without `.` or `..`.
+fn check_target(pods_dir: &Path, target: &Path) -> Result<(), Status> {
+    let plain = target
+        .components()
+        .all(|c| !matches!(c, Component::ParentDir | Component::CurDir));
+    match plain && target.starts_with(pods_dir) && target != pods_dir {
+        true => Ok(()),
+        false => Err(Status::invalid_argument(format!(
+            "target path {} is not under {}",
+            target.display(),
+            pods_dir.display()
+        ))),
+    }
+}
+
 impl Ask {
-    fn parse(request: &NodePublishVolumeRequest) -> Result<Self, Status> {
+    fn parse(request: &NodePublishVolumeRequest, pods_dir: &Path) -> Result<Self, Status> {
         let invalid = |why: String| Err(Status::invalid_argument(why));
         if !volumes::valid_id(&request.volume_id) {
             return invalid(format!(
@@ -61,12 +85,7 @@ impl Ask {
             ));
         }
         let target = PathBuf::from(&request.target_path);
-        if !target.is_absolute() {
-            return invalid(format!(
-                "target path {:?} must be absolute",
-                request.target_path
-            ));
-        }
+        check_target(pods_dir, &target)?;
         if !request.readonly {
             return invalid(
                 "the dataset cache is read-only: set readOnly: true on the csi volume".into(),
@@ -106,34 +125,57 @@ impl Ask {
 }
 
 impl Plugin {
-    pub(crate) fn new(client: Client, volumes: Volumes) -> Self {
+    pub(crate) fn new(client: Client, volumes: Volumes, pods_dir: PathBuf) -> Self {
         Self {
             client,
             volumes,
-            one_at_a_time: Default::default(),
+            pods_dir,
+            turns: Mutex::default(),
         }
     }
 
+    /// Waits for the turn of volume `id`.
+    async fn turn(&self, id: &str) -> OwnedMutexGuard<()> {
+        let lock = self
+            .turns
+            .lock()
+            .expect("turns lock")
+            .entry(id.to_string())
+            .or_default()
+            .clone();
+        lock.lock_owned().await
+    }
+
+    /// The volume's record; one that cannot be read is logged and dropped (the volume is then
+    /// published or unpublished afresh).
+    fn record(&self, id: &str) -> Option<Volume> {
+        self.volumes.read(id).unwrap_or_else(|err| {
+            tracing::error!(volume = %id, "dropping an unreadable record: {err}");
+            let _ = self.volumes.remove(id);
+            None
+        })
+    }
+
     pub(crate) async fn publish(&self, request: &NodePublishVolumeRequest) -> Result<(), Status> {
-        let ask = Ask::parse(request)?;
-        let _turn = self.one_at_a_time.lock().await;
-        if let Some(published) = self.volumes.read(&ask.id).map_err(local)? {
-            if published.target == ask.target
-                && mount::is_mount_point(&ask.target).map_err(local)?
-            {
-                return match published.dataset == ask.dataset {
-                    true => Ok(()),
-                    false => Err(Status::already_exists(format!(
+        let ask = Ask::parse(request, &self.pods_dir)?;
+        let _turn = self.turn(&ask.id).await;
+        if let Some(published) = self.record(&ask.id).filter(|p| p.target == ask.target) {
+            match mount::mounted(&ask.target).map_err(local)? {
+                Mounted::ReadOnly if published.dataset == ask.dataset => return Ok(()),
+                Mounted::ReadOnly => {
+                    return Err(Status::already_exists(format!(
                         "volume {} is already published with dataset {}",
                         ask.id, published.dataset
-                    ))),
-                };
+                    )))
+                }
+                // A publish cut short between its bind and its read-only remount.
+                Mounted::Writable => mount::unmount(&ask.target).map_err(local)?,
+                Mounted::No => {}
             }
         }
-        let status = self.ready(&ask.dataset).await?;
-        let current = status.snapshot.clone().unwrap_or_default();
+        let (current, current_dir) = self.ready(&ask.dataset).await?;
         let snapshot = ask.snapshot.clone().unwrap_or(current);
-        let dir = snapshot_dir(&status, &snapshot)?;
+        let dir = snapshot_dir(&current_dir, &snapshot)?;
         let volume = Volume {
             id: ask.id,
             dataset: ask.dataset,
@@ -166,8 +208,17 @@ impl Plugin {
                 "volume id {id:?} is not a plain name"
             )));
         }
-        let _turn = self.one_at_a_time.lock().await;
-        if mount::is_mount_point(target).map_err(local)? {
+        check_target(&self.pods_dir, target)?;
+        let _turn = self.turn(id).await;
+        let record = self.record(id);
+        if let Some(other) = record.as_ref().filter(|v| v.target != target) {
+            return Err(Status::failed_precondition(format!(
+                "volume {id} is published at {}, not at {}",
+                other.target.display(),
+                target.display()
+            )));
+        }
+        while mount::mounted(target).map_err(local)? != Mounted::No {
             mount::unmount(target).map_err(|err| {
                 Status::internal(format!("unmounting {}: {err}", target.display()))
             })?;
@@ -181,7 +232,7 @@ impl Plugin {
             }
             _ => {}
         }
-        if let Some(volume) = self.volumes.read(id).map_err(local)? {
+        if let Some(volume) = record {
             self.release(&volume).await?;
             self.volumes.remove(id).map_err(local)?;
             tracing::info!(volume = %id, "unpublished {} from {}", volume.dataset, target.display());
@@ -189,38 +240,73 @@ impl Plugin {
         Ok(())
     }
 
-    /// Renews the lease of every mounted volume and drops the records (and leases) of volumes
-    /// that are not mounted any more.
+    /// Takes again the missing lease of every mounted volume and drops the records (and
+    /// leases) of volumes that are not mounted any more; stops at the first call the daemon
+    /// does not answer.
     pub(crate) async fn reconcile(&self) {
-        let _turn = self.one_at_a_time.lock().await;
         let recorded = match self.volumes.all() {
             Ok(recorded) => recorded,
             Err(err) => return tracing::error!("reading the volume records: {err}"),
         };
+        if recorded.is_empty() {
+            return;
+        }
+        let held = match self.held_leases().await {
+            Ok(held) => held,
+            Err(status) => return tracing::warn!("reconciling: {}", status.message()),
+        };
         for volume in recorded {
-            let outcome = match mount::is_mount_point(&volume.target) {
-                Ok(true) => self.lease(&volume).await,
-                Ok(false) => match self.release(&volume).await {
+            let _turn = self.turn(&volume.id).await;
+            let Some(volume) = self.record(&volume.id) else {
+                continue; // unpublished meanwhile
+            };
+            let outcome = match mount::mounted(&volume.target) {
+                Ok(Mounted::No) => match self.release(&volume).await {
                     Ok(()) => self.volumes.remove(&volume.id).map_err(local),
                     Err(status) => Err(status),
                 },
+                Ok(_) if held.contains(&volume.holder) => Ok(()),
+                Ok(_) => self.lease(&volume).await,
                 Err(err) => Err(local(err)),
             };
             if let Err(status) = outcome {
                 tracing::warn!(volume = %volume.id, "reconciling: {}", status.message());
+                if status.code() == tonic::Code::Unavailable {
+                    return;
+                }
             }
         }
     }
 
-    /// The dataset's status once it is ready; while it hydrates, a retryable error with the
-    /// progress (what the pod's events show).
-    async fn ready(&self, dataset: &str) -> Result<DatasetStatus, Status> {
+    /// The holders of the leases held until released, across datasets.
+    async fn held_leases(&self) -> Result<BTreeSet<String>, Status> {
+        let (code, body) = self
+            .client
+            .call(Method::GET, "/v1/leases", None)
+            .await
+            .map_err(daemon_unreachable)?;
+        if code != StatusCode::OK {
+            return Err(refused(code, &explain(code, &body)));
+        }
+        let leases: Vec<Lease> = serde_json::from_slice(&body)
+            .map_err(|e| Status::internal(format!("unexpected answer from the daemon: {e}")))?;
+        Ok(leases
+            .into_iter()
+            .filter(|l| l.expires_at == UNTIL_RELEASED)
+            .map(|l| l.holder)
+            .collect())
+    }
+
+    /// The snapshot (digest and directory) to serve of `dataset`: its ready one, or the one
+    /// held while a refresh runs. While the node has none, a retryable error with the progress
+    /// (what the pod's events show).
+    async fn ready(&self, dataset: &str) -> Result<(String, PathBuf), Status> {
         let path = format!("/v1/datasets/{}/warm", percent_encode(dataset));
         let (code, body) = self
             .client
             .call(Method::POST, &path, None)
             .await
-            .map_err(unreachable)?;
+            .map_err(daemon_unreachable)?;
         if !matches!(
             code,
             StatusCode::OK | StatusCode::ACCEPTED | StatusCode::INTERNAL_SERVER_ERROR
@@ -229,13 +315,17 @@ impl Plugin {
         }
         let status: DatasetStatus = serde_json::from_slice(&body)
             .map_err(|e| Status::internal(format!("unexpected answer from the daemon: {e}")))?;
-        match status.state {
-            State::Ready => Ok(status),
-            State::Failed => Err(Status::unavailable(format!(
+        let served = match status.state {
+            State::Ready => status.snapshot.clone().zip(status.path.clone()),
+            _ => status.held_snapshot.clone().zip(status.held_path.clone()),
+        };
+        match (served, status.state) {
+            (Some((snapshot, dir)), _) => Ok((snapshot, PathBuf::from(dir))),
+            (None, State::Failed) => Err(Status::unavailable(format!(
                 "the daemon could not hydrate {dataset}: {}",
                 status.reason.as_deref().unwrap_or("no reason given")
             ))),
-            _ => Err(Status::unavailable(hydrating(dataset, &status))),
+            (None, _) => Err(Status::unavailable(hydrating(dataset, &status))),
         }
     }
 
@@ -251,7 +341,7 @@ impl Plugin {
             .client
             .call(Method::PUT, &lease_path(volume), Some(body))
             .await
-            .map_err(unreachable)?;
+            .map_err(daemon_unreachable)?;
         match code {
             StatusCode::OK => Ok(()),
             code => Err(refused(
@@ -266,7 +356,7 @@ impl Plugin {
             .client
             .call(Method::DELETE, &lease_path(volume), None)
             .await
-            .map_err(unreachable)?;
+            .map_err(daemon_unreachable)?;
         match code {
             StatusCode::NO_CONTENT | StatusCode::NOT_FOUND => Ok(()),
             code => Err(refused(
@@ -285,18 +375,21 @@ fn lease_path(volume: &Volume) -> String {
     )
 }
 
-/// The directory of `snapshot` of the dataset whose current snapshot `status` describes:
+/// The directory of `snapshot` of the dataset whose served snapshot lives in `served`:
 /// snapshots of one dataset are siblings (`ROOT/NAME/DIGEST`).
-fn snapshot_dir(status: &DatasetStatus, snapshot: &str) -> Result<PathBuf, Status> {
-    let current = status.path.as_deref().map(Path::new);
-    let parent = current.and_then(Path::parent);
-    let valid = crate::snapshot::is_digest(snapshot);
-    match parent {
-        Some(parent) if valid => Ok(parent.join(snapshot)),
-        _ => Err(Status::invalid_argument(format!(
+fn snapshot_dir(served: &Path, snapshot: &str) -> Result<PathBuf, Status> {
+    if !crate::snapshot::is_digest(snapshot) {
+        return Err(Status::invalid_argument(format!(
             "{SNAPSHOT_ATTRIBUTE} {snapshot:?} is not a snapshot digest (64 hex digits)"
-        ))),
+        )));
     }
+    let parent = served.parent().ok_or_else(|| {
+        Status::internal(format!(
+            "the daemon served {}: not a snapshot directory",
+            served.display()
+        ))
+    })?;
+    Ok(parent.join(snapshot))
 }
 
 fn hydrating(dataset: &str, status: &DatasetStatus) -> String {
@@ -327,7 +420,7 @@ fn refused(code: StatusCode, why: &str) -> Status {
     }
 }
 
-fn unreachable(err: CallError) -> Status {
+fn daemon_unreachable(err: CallError) -> Status {
     match err {
         CallError::Denied(why) => Status::permission_denied(format!("the daemon's socket: {why}")),
         CallError::Unreachable(why) | CallError::Broken(why) => {

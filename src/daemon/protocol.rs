@@ -90,6 +90,12 @@ pub(crate) struct DatasetStatus {
     /// Why the last refresh failed (`stale`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// While `hydrating` a refresh: the ready snapshot held meanwhile, and its directory, which
+    /// may be served at once (the CSI plugin does).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_snapshot: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_path: Option<String>,
     /// When the source was last listed successfully (RFC 3339; after a daemon restart, when
     /// the snapshot held was completed).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use super::catalog::Catalog;
 use super::evict;
-use super::registry::{self, Persisted, ReadySnapshot, Registry, DAEMON_DIR};
+use super::registry::{self, ReadySnapshot, Registry, DAEMON_DIR};
 use crate::manifest::ready;
 use crate::snapshot::Snapshot;
 use crate::write::dest::Dest;
@@ -22,11 +22,10 @@ pub(crate) fn scan(root: &Path, catalog: &Catalog) -> io::Result<(Registry, Resu
     std::fs::create_dir_all(root.join(DAEMON_DIR))?;
     evict::empty_trash(root)?;
     let mut registry = Registry::default();
-    let persisted = registry::load(root).unwrap_or_else(|| {
-        let until = registry::now_unix() + catalog.cache.max_lease_ttl.as_secs();
-        registry.leases_unknown_until = Some(until);
-        Persisted::default()
-    });
+    let had_state = registry::state_file_exists(root);
+    let loaded = registry::load(root);
+    let leases_known = loaded.is_some();
+    let persisted = loaded.unwrap_or_default();
     let mut resume = Vec::new();
     for dataset_dir in std::fs::read_dir(root)? {
         let dataset_dir = dataset_dir?;
@@ -85,6 +84,19 @@ pub(crate) fn scan(root: &Path, catalog: &Catalog) -> io::Result<(Registry, Resu
             entry.checked_at = Some(std::time::Instant::now());
             entry.refreshed_at = Some(completed_at);
         }
+    }
+    // No readable state, or none at all beside ready snapshots (it was deleted): the leases that
+    // pin them, a mounted volume's among them, are unknown, so nothing is evicted for the
+    // longest lease time (the CSI plugin renews its own meanwhile).
+    let deleted = !had_state && !registry.datasets.is_empty();
+    if deleted {
+        tracing::error!(
+            "no state file beside ready snapshots: their leases are unknown, so nothing is evicted for the longest lease time"
+        );
+    }
+    if !leases_known || deleted {
+        registry.leases_unknown_until =
+            Some(registry::now_unix() + catalog.cache.max_lease_ttl.as_secs());
     }
     let now = registry::now_unix();
     for lease in persisted.leases {

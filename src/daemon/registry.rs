@@ -229,6 +229,8 @@ impl Registry {
             reason: None,
             stale: false,
             last_error: None,
+            held_snapshot: None,
+            held_path: None,
             refreshed_at: None,
         };
         let Some(entry) = self.datasets.get(name) else {
@@ -238,6 +240,10 @@ impl Registry {
             status.state = State::Hydrating;
             status.snapshot = flight.info().snapshot.clone();
             status.progress = Some(flight.progress());
+            if let Some(held) = &entry.current {
+                status.held_path = Some(snapshot_dir(root, name, held).display().to_string());
+                status.held_snapshot = Some(held.clone());
+            }
         } else if let Some(digest) = &entry.current {
             // What is held is served even when the source cannot be reached.
             let ready = &entry.ready[digest];
@@ -295,10 +301,13 @@ impl Registry {
         } else if self.live_leases_of(name, ask.now).count() >= ask.cap {
             return Err(LeaseRefused::TooMany { cap: ask.cap });
         }
-        // An admin renewing keeps the owner; an unowned lease is adopted.
+        // An admin renewing keeps the owner, unless it makes the lease last until released
+        // (the CSI plugin pinning a mount: nobody else may then shorten or drop it); an unowned
+        // lease is adopted.
         let owner = held
             .map(|lease| lease.owner.clone())
             .filter(|owner| !owner.is_empty())
+            .filter(|_| !(ask.admin && expires_at == super::protocol::UNTIL_RELEASED))
             .unwrap_or_else(|| ask.caller.identity.clone());
         let entry = self.datasets.get_mut(name).ok_or(LeaseRefused::NotReady)?;
         let digest = match (snapshot, held) {
@@ -391,6 +400,11 @@ pub(crate) fn snapshot_file(root: &Path, name: &str, digest: &str) -> PathBuf {
 pub(crate) fn save(root: &Path, state: &Persisted) -> io::Result<()> {
     let path = root.join(DAEMON_DIR).join(STATE_FILE);
     fs::write_atomic_path(&path, |file| Ok(serde_json::to_writer(file, state)?))
+}
+
+/// Whether `state.json` is there (readable or not).
+pub(crate) fn state_file_exists(root: &Path) -> bool {
+    root.join(DAEMON_DIR).join(STATE_FILE).exists()
 }
 
 /// Reads `state.json`; a missing one is an empty state. One that cannot be read or parsed is

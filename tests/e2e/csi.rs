@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::support::csi::{mounts_on, volume, Csi};
 use crate::support::daemon::{catalog, dataset, Daemon, DatasetSpec};
+use crate::support::faults::{Fault, Rule};
 use crate::support::{content, files, read_tree, Server, MIB};
 
 /// The daemon's catalog for the plugin: it runs as root, and root may hold leases until
@@ -104,7 +105,7 @@ fn bad_requests_unknown_datasets_and_failed_hydrations_are_refused_with_the_reas
     );
     let daemon = Daemon::start(dir.path(), &server.target, &text);
     let csi = Csi::start(dir.path(), &daemon);
-    let target = dir.path().join("t");
+    let target = dir.path().join("pods/uid/volumes/t/mount");
 
     let unknown = csi
         .publish(&volume("v1", "uid", "imagenet", &target))
@@ -125,7 +126,12 @@ fn bad_requests_unknown_datasets_and_failed_hydrations_are_refused_with_the_reas
     assert_eq!(writable.code(), tonic::Code::InvalidArgument);
     assert!(writable.message().contains("read-only"), "{writable:?}");
     let no_pod = csi.publish(&volume("v3", "", "ok", &target)).unwrap_err();
+    assert_eq!(no_pod.code(), tonic::Code::InvalidArgument);
     assert!(no_pod.message().contains("podInfoOnMount"), "{no_pod:?}");
+    let elsewhere = csi.publish(&volume("v5", "uid", "ok", &dir.path().join("etc")));
+    assert!(elsewhere.unwrap_err().message().contains("is not under"));
+    let unpublish_elsewhere = csi.unpublish("v5", Path::new("/etc")).unwrap_err();
+    assert_eq!(unpublish_elsewhere.code(), tonic::Code::InvalidArgument);
     let hostile = csi
         .publish(&volume("../etc", "uid", "ok", &target))
         .unwrap_err();
@@ -233,4 +239,35 @@ fn a_restarted_plugin_keeps_serving_and_unmounts_what_it_published_before() {
     csi.unpublish("vol-r", &target).unwrap();
     assert_eq!(mounts_on(&target), 0);
     assert!(leases(&daemon).is_empty());
+}
+
+#[test]
+fn a_pod_starting_during_a_refresh_gets_the_snapshot_held_at_once() {
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    let first = files(&[("a.bin", content(81, 1000))]);
+    server.seed("h/", &first);
+    let text = csi_catalog(dir.path(), &server, "1GiB", &["h"])
+        .replace("refresh_seconds = 3600", "refresh_seconds = 1");
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    let csi = Csi::start(dir.path(), &daemon);
+    let early = dir.path().join("pods/uid-1/mount");
+    csi.publish_when_ready(&volume("vol-1", "uid-1", "h", &early));
+
+    // A new version whose download stalls: the refresh runs for seconds.
+    server.seed("h/", &files(&[("b.bin", content(82, MIB))]));
+    server.faults.add(Rule {
+        ranged_only: false,
+        ..Rule::get("h/b.bin", Fault::StallBody(0, Duration::from_secs(4)))
+    });
+    std::thread::sleep(Duration::from_millis(1100)); // the listing is due again
+    let late = dir.path().join("pods/uid-2/mount");
+    csi.publish(&volume("vol-2", "uid-2", "h", &late))
+        .expect("served at once from the snapshot held");
+    assert_eq!(daemon.status("h")["state"], "hydrating");
+    assert_eq!(
+        read_tree(&late),
+        first,
+        "the snapshot held, not the one coming"
+    );
 }

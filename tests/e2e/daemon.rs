@@ -785,6 +785,19 @@ fn a_corrupt_state_file_evicts_nothing_and_over_long_leases_are_capped() {
         "{}",
         daemon.log()
     );
+
+    // A state file that is gone while snapshots are on disk is as unknown as a damaged one.
+    let (status, _) = daemon.terminate();
+    assert!(status.success());
+    std::fs::remove_file(&state).unwrap();
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        Path::new(&path).exists(),
+        "nothing evicted:\n{}",
+        daemon.log()
+    );
+    assert!(daemon.log().contains("no state file"), "{}", daemon.log());
 }
 
 #[test]

@@ -15,8 +15,8 @@ use tonic::transport::Channel;
 
 use super::daemon::Daemon;
 
-/// A running plugin; killed when dropped, and every target it was asked to publish is
-/// unmounted, so a failed test leaves no mount behind.
+/// A running plugin with `DIR/pods` as the kubelet's pods directory; killed when dropped, and
+/// every target it was asked to publish is unmounted, so a failed test leaves no mount behind.
 pub struct Csi {
     pub child: Child,
     pub socket: PathBuf,
@@ -129,12 +129,15 @@ impl Csi {
         answer.unwrap().into_inner()
     }
 
-    /// One NodePublishVolume call.
+    /// One NodePublishVolume call; the target's parent is made first, as the kubelet does.
     pub fn publish(&self, volume: &Volume) -> Result<(), tonic::Status> {
         self.targets
             .lock()
             .unwrap()
             .push(volume.target.to_path_buf());
+        if let Some(parent) = volume.target.parent() {
+            std::fs::create_dir_all(parent).unwrap();
+        }
         let mut context: std::collections::HashMap<String, String> = [
             ("dataset", volume.dataset),
             ("csi.storage.k8s.io/pod.uid", volume.pod_uid),
@@ -152,7 +155,8 @@ impl Csi {
             volume_capability: Some(VolumeCapability {
                 access_type: Some(AccessType::Mount(MountVolume::default())),
                 access_mode: Some(volume_capability::AccessMode {
-                    mode: volume_capability::access_mode::Mode::SingleNodeReaderOnly as i32,
+                    // What the kubelet sends for an inline ephemeral volume.
+                    mode: volume_capability::access_mode::Mode::SingleNodeWriter as i32,
                 }),
             }),
             readonly: volume.readonly,
@@ -237,6 +241,8 @@ fn spawn(dir: &Path, socket: &Path, daemon_socket: &Path) -> Child {
         .args(["--node-id", "test-node"])
         .arg("--state-dir")
         .arg(dir.join("csi-state"))
+        .arg("--pods-dir")
+        .arg(dir.join("pods"))
         .arg("--daemon")
         .arg(format!("unix://{}", daemon_socket.display()))
         .stdout(Stdio::null())
