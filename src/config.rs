@@ -70,11 +70,6 @@ pub(crate) struct SyncConfig {
 }
 
 impl SyncConfig {
-    /// The run's bandwidth and request-rate caps.
-    pub(crate) fn rates(&self) -> crate::engine::rate::Rates {
-        crate::engine::rate::Rates::new(self.max_bandwidth, self.max_requests_per_second)
-    }
-
     /// A builder with the defaults for everything but what says where to read and write.
     pub(crate) fn builder(source: S3Url, dest: PathBuf) -> SyncConfigBuilder {
         SyncConfigBuilder {

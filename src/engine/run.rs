@@ -195,7 +195,10 @@ async fn prepare(
     let checkpointer = checkpoint::spawn(checkpoints.clone(), manifest.clone());
     let (budget, controller) = match hooks.budget {
         Some(budget) => (budget, None),
-        None => Budget::new(cfg.concurrency(), cfg.rates()),
+        None => Budget::new(
+            cfg.concurrency(),
+            Rates::new(cfg.max_bandwidth, cfg.max_requests_per_second),
+        ),
     };
     let source = match hooks.source {
         Some(source) => source,
