@@ -110,6 +110,8 @@ struct Measured {
     usage: Arc<DatasetUsage>,
     /// The snapshot a running hydration writes, and the bytes booked to it.
     flight: Option<(String, u64)>,
+    /// Walked in this pass, at this disk generation of the dataset (else remembered figures).
+    walked: Option<u64>,
 }
 
 /// The disk use of every dataset directory. Only a directory that changed since it was last
@@ -152,39 +154,38 @@ async fn measure(daemon: &Arc<Daemon>) -> io::Result<Vec<Measured>> {
             .collect()
     };
     let root = daemon.root.clone();
-    let walked = blocking(move || {
+    let measured = blocking(move || {
         plans
             .into_iter()
             .map(|plan| {
-                let fresh = plan.cached.is_none();
+                let walked = plan.cached.is_none().then_some(plan.generation);
                 let usage = match plan.cached {
                     Some(usage) => usage,
                     None => Arc::new(measure_dataset(&root, &plan.name, &plan.snapshots)?),
                 };
-                Ok((plan.name, usage, plan.flight, plan.generation, fresh))
+                Ok(Measured {
+                    name: plan.name,
+                    usage,
+                    flight: plan.flight,
+                    walked,
+                })
             })
             .collect::<io::Result<Vec<_>>>()
     })
     .await?;
     let mut registry = daemon.registry();
-    Ok(walked
-        .into_iter()
-        .map(|(name, usage, flight, generation, fresh)| {
-            if fresh {
-                daemon.metrics.dataset_walked();
-                if let Some(entry) = registry.datasets.get_mut(&name) {
-                    if entry.flight.is_none() && entry.disk_generation == generation {
-                        entry.usage = Some(usage.clone());
-                    }
-                }
+    for m in &measured {
+        let Some(generation) = m.walked else {
+            continue;
+        };
+        daemon.metrics.dataset_walked();
+        if let Some(entry) = registry.datasets.get_mut(&m.name) {
+            if entry.flight.is_none() && entry.disk_generation == generation {
+                entry.usage = Some(m.usage.clone());
             }
-            Measured {
-                name,
-                usage,
-                flight,
-            }
-        })
-        .collect())
+        }
+    }
+    Ok(measured)
 }
 
 /// Walks `ROOT/<name>/` once, with each of `snapshots` measured on the way.

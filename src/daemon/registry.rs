@@ -268,9 +268,8 @@ impl Registry {
             return true;
         }
         let leased = self
-            .leases
-            .values()
-            .any(|l| l.dataset == name && l.snapshot == digest && l.expires_at > now);
+            .live_leases_of(name, now)
+            .any(|lease| lease.snapshot == digest);
         let in_flight = self
             .datasets
             .get(name)

@@ -14,23 +14,7 @@ fn a_public_bucket_is_read_unsigned_and_a_private_one_says_it_is_not_public() {
         ("a.csv", content(61, 5000)),
         ("b/c.bin", content(62, 300_000)),
     ]);
-    server.runtime.block_on(async {
-        server
-            .client
-            .create_bucket()
-            .bucket(PUBLIC_BUCKET)
-            .send()
-            .await
-            .unwrap();
-        for (key, data) in &expected {
-            let put = server.client.put_object().bucket(PUBLIC_BUCKET);
-            put.key(format!("open/{key}"))
-                .body(data.clone().into())
-                .send()
-                .await
-                .unwrap();
-        }
-    });
+    server.seed_new_bucket(PUBLIC_BUCKET, "open/", &expected);
     let (_dir, dest) = temp_dest();
     let url = format!("s3://{PUBLIC_BUCKET}/open/");
     hydrator_sync(&server.target, &url, &dest, &["--no-sign-request"]).assert_code(0);

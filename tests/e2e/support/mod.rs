@@ -132,11 +132,25 @@ impl Server {
 
     /// Uploads `files` (path relative to `prefix` → content).
     pub fn seed(&self, prefix: &str, files: &BTreeMap<String, Vec<u8>>) {
+        self.seed_bucket(&self.target.bucket, prefix, files);
+    }
+
+    /// Creates `bucket` and uploads `files` into it, as [`Server::seed`] does into the test
+    /// bucket.
+    pub fn seed_new_bucket(&self, bucket: &str, prefix: &str, files: &BTreeMap<String, Vec<u8>>) {
+        let created = self
+            .runtime
+            .block_on(self.client.create_bucket().bucket(bucket).send());
+        created.unwrap_or_else(|e| panic!("creating {bucket}: {e:?}"));
+        self.seed_bucket(bucket, prefix, files);
+    }
+
+    fn seed_bucket(&self, bucket: &str, prefix: &str, files: &BTreeMap<String, Vec<u8>>) {
         self.runtime.block_on(async {
             for (path, data) in files {
                 self.client
                     .put_object()
-                    .bucket(&self.target.bucket)
+                    .bucket(bucket)
                     .key(format!("{prefix}{path}"))
                     .body(data.clone().into())
                     .send()
