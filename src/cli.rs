@@ -212,6 +212,10 @@ pub struct SyncArgs {
     /// Hydrate exactly the objects recorded in this snapshot file (see `hydrator snapshot`).
     #[arg(long, env = "HYDRATOR_SNAPSHOT")]
     pub snapshot: Option<PathBuf>,
+    /// Print what would be downloaded, resumed, skipped and deleted, with bytes, and write
+    /// nothing (not even DEST or DEST/.hydrator).
+    #[arg(long, short = 'n')]
+    pub dry_run: bool,
     #[command(flatten)]
     pub options: SyncOptions,
 }
@@ -297,6 +301,9 @@ pub struct VerifyArgs {
     /// With --repair on a DEST hydrated from a snapshot: that snapshot file (repairs stay pinned).
     #[arg(long)]
     pub snapshot: Option<PathBuf>,
+    /// Check and print what --repair would fetch, writing nothing (READY stays).
+    #[arg(long, short = 'n')]
+    pub dry_run: bool,
     #[command(flatten)]
     pub options: SyncOptions,
 }
@@ -354,6 +361,7 @@ impl SyncArgs {
             config.endpoint = config.endpoint.or_else(|| snapshot.endpoint.clone());
         }
         config.snapshot = snapshot;
+        config.dry_run = self.dry_run;
         config.build()
     }
 }

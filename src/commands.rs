@@ -33,7 +33,12 @@ pub async fn run(command: Command) -> Result<Exit, SyncError> {
 }
 
 async fn verify(args: VerifyArgs) -> Result<Exit, SyncError> {
-    let (findings, source) = check::verify(&args.dest, args.repair).await?;
+    let mode = match (args.dry_run, args.repair) {
+        (true, _) => check::Mode::ReadOnly,
+        (false, true) => check::Mode::Repair,
+        (false, false) => check::Mode::Check,
+    };
+    let (findings, source) = check::verify(&args.dest, mode).await?;
     let lists = [
         ("missing", &findings.missing),
         ("corrupt", &findings.corrupt),
@@ -94,7 +99,16 @@ async fn verify(args: VerifyArgs) -> Result<Exit, SyncError> {
             Some(std::sync::Arc::new(snapshot))
         }
     };
-    Ok(engine::run(config.build()?).await?.print())
+    config.dry_run = args.dry_run;
+    let hooks = engine::Hooks {
+        // The repair forgets these before it syncs; its dry run takes them as forgotten.
+        forgotten: match args.dry_run {
+            true => findings.bad_keys.into_iter().collect(),
+            false => Default::default(),
+        },
+        ..Default::default()
+    };
+    Ok(engine::run_with(config.build()?, hooks).await?.print())
 }
 
 async fn snapshot(args: SnapshotArgs) -> Result<Exit, SyncError> {

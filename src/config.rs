@@ -67,6 +67,8 @@ pub(crate) struct SyncConfig {
     pub max_bandwidth: Option<u64>,
     /// GETs a second the run may send (`--max-requests-per-second`).
     pub max_requests_per_second: Option<f64>,
+    /// Say what the run would do and write nothing (`--dry-run`).
+    pub dry_run: bool,
 }
 
 impl SyncConfig {
@@ -95,6 +97,7 @@ impl SyncConfig {
             snapshot: None,
             max_bandwidth: None,
             max_requests_per_second: None,
+            dry_run: false,
         }
     }
 
@@ -188,6 +191,7 @@ pub(crate) struct SyncConfigBuilder {
     pub snapshot: Option<Arc<Snapshot>>,
     pub max_bandwidth: Option<u64>,
     pub max_requests_per_second: Option<f64>,
+    pub dry_run: bool,
 }
 
 impl SyncConfigBuilder {
@@ -223,6 +227,7 @@ impl SyncConfigBuilder {
             snapshot: self.snapshot,
             max_bandwidth: self.max_bandwidth,
             max_requests_per_second: self.max_requests_per_second,
+            dry_run: self.dry_run,
         };
         config.validate()?;
         Ok(config)

@@ -17,6 +17,7 @@
 pub(crate) mod adaptive;
 mod checkpoint;
 mod context;
+mod dry_run;
 mod limits;
 mod object;
 mod part;

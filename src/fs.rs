@@ -97,6 +97,11 @@ impl Dir {
             .map(|st| FileStat::of(&st)))
     }
 
+    /// Whether anything is at `name` (a symlink is not followed).
+    pub(crate) fn exists(&self, name: impl AsRef<Path>) -> io::Result<bool> {
+        Ok(self.lstat(name.as_ref())?.is_some())
+    }
+
     fn lstat(&self, name: &Path) -> io::Result<Option<Stat>> {
         match rustix::fs::statat(&self.0, name, AtFlags::SYMLINK_NOFOLLOW) {
             Err(rustix::io::Errno::NOENT) => Ok(None),

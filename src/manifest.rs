@@ -19,6 +19,7 @@ pub(crate) mod journal;
 pub(crate) mod listed;
 pub(crate) mod lock;
 pub(crate) mod ready;
+pub(crate) mod view;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -27,7 +28,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use blake3::hazmat::ChainingValue;
 
-use base::{BaseReader, Cursor};
+use base::{BaseReader, Cursor, ObjectStream};
 use fold::Folded;
 use journal::{JournalWriter, Record, SourceInfo};
 use listed::ListedKeys;
@@ -280,14 +281,9 @@ impl Manifest {
 
     /// Reads the base in ascending key order, from its start.
     pub(crate) fn cursor(&self) -> io::Result<Cursor> {
-        Ok(Cursor::new(
-            BaseReader::open(&self.dir)?.map(|(_, reader)| reader),
-        ))
-    }
-
-    /// Reads every object of the base, in key order.
-    pub(crate) fn objects(&self) -> io::Result<Option<BaseReader>> {
-        Ok(BaseReader::open(&self.dir)?.map(|(_, reader)| reader))
+        Ok(Cursor::new(BaseReader::open(&self.dir)?.map(
+            |(_, reader)| Box::new(reader) as Box<dyn ObjectStream>,
+        )))
     }
 
     fn in_flight(&self) -> MutexGuard<'_, HashMap<String, Option<ObjectState>>> {

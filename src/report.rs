@@ -20,6 +20,10 @@ pub(crate) const REPORT_VERSION: u32 = 1;
 pub(crate) enum FileStatus {
     Downloaded,
     Skipped,
+    /// `--dry-run`: the run would download the file.
+    WouldDownload,
+    /// `--dry-run`: the run would finish an interrupted download from its durable parts.
+    WouldResume,
 }
 
 /// One file of the dataset.
@@ -80,6 +84,8 @@ pub(crate) enum RunResult {
 #[derive(Clone, Debug, Serialize)]
 pub(crate) struct Summary {
     pub version: u32,
+    /// A `--dry-run`: the counts say what a run would do; nothing was written.
+    pub dry_run: bool,
     pub source: String,
     pub dest: String,
     pub result: RunResult,
@@ -105,6 +111,22 @@ impl Summary {
     /// The closing line of a run, for a person or a pod log.
     pub(crate) fn one_line(&self) -> String {
         let o = &self.objects;
+        if self.dry_run {
+            return format!(
+                "hydrator: dry run of {} to {}: {} objects ({}): would download {} ({}, {} of it resumed from disk), {} up to date ({}), {} would fail, {} local files would be deleted; nothing written",
+                self.source,
+                self.dest,
+                o.total,
+                human_bytes(self.bytes.total),
+                o.downloaded,
+                human_bytes(self.bytes.downloaded),
+                human_bytes(self.bytes.resumed),
+                o.skipped,
+                human_bytes(self.bytes.skipped),
+                o.failed,
+                o.deleted,
+            );
+        }
         format!(
             "hydrator: {} {} objects ({}) from {} to {}: {} downloaded, {} up to date, {} failed in {:.1} s ({}/s, {})",
             match self.result {
@@ -203,6 +225,7 @@ mod tests {
         }
         let summary = Summary {
             version: REPORT_VERSION,
+            dry_run: false,
             source: "s3://b/p/".into(),
             dest: "/d".into(),
             result: RunResult::Complete,

@@ -3,11 +3,16 @@
 //! the manifest). Any finding removes READY and makes the exit code non-zero; `--repair`
 //! forgets the missing and corrupt files in the manifest and runs a sync of the manifest's
 //! source, which fetches exactly those again and writes READY once the dataset is whole.
+//! The manifest is read as a run would find it, without folding it ([`ManifestView`]), so
+//! `--dry-run` changes nothing at all.
 
 use std::io;
 use std::sync::Mutex;
 
 use crate::error::{IoContext, SyncError, UsageError};
+use crate::manifest::base::ObjectStream;
+use crate::manifest::journal::SourceInfo;
+use crate::manifest::view::ManifestView;
 use crate::manifest::{lock, ready, Manifest};
 use crate::plan::keys::{plan_key, KeyPlan, STATE_DIR};
 use crate::write::dest::Dest;
@@ -37,44 +42,72 @@ struct Expected {
     blake3: [u8; 32],
 }
 
-/// Checks DEST against its manifest; with `forget_bad`, missing and corrupt files are forgotten
-/// in the manifest so the next sync fetches them again. Returns the findings and the manifest's
+/// What `verify` may change in DEST.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Remove READY when anything is found.
+    Check,
+    /// Also forget the missing and corrupt files in the manifest, so the next sync fetches
+    /// them again.
+    Repair,
+    /// Change nothing, take no lock (`--dry-run`).
+    ReadOnly,
+}
+
+/// Checks DEST against its manifest, as `mode` allows. Returns the findings and the manifest's
 /// source.
 pub(crate) async fn verify(
     dest_path: &std::path::Path,
-    forget_bad: bool,
-) -> Result<(Findings, crate::manifest::journal::SourceInfo), SyncError> {
+    mode: Mode,
+) -> Result<(Findings, SourceInfo), SyncError> {
+    let no_manifest = || {
+        UsageError::new(format!(
+            "{} has no hydrator manifest to verify against",
+            dest_path.display()
+        ))
+    };
     if !dest_path.is_dir() {
         return Err(UsageError::new(format!("{} is not a directory", dest_path.display())).into());
     }
-    let dest = Dest::open(dest_path)
-        .map_err(|e| UsageError::new(format!("{}: {e}", dest_path.display())))?;
-    let state_dir = dest
-        .state_dir()
-        .local("opening", dest_path.join(STATE_DIR))?;
-    let _lock = lock::acquire(&state_dir, None).await?;
-    let (source, manifest) = state_dir
-        .try_clone()
-        .and_then(Manifest::open_existing)
-        .local("reading the manifest in", dest_path.join(STATE_DIR))?
-        .ok_or_else(|| {
-            UsageError::new(format!(
-                "{} has no hydrator manifest to verify against",
-                dest_path.display()
-            ))
-        })?;
-    let prefix = source.prefix.clone();
-    let findings = tokio::task::spawn_blocking(move || -> io::Result<Findings> {
-        let findings = check(&dest, &manifest, &prefix)?;
-        if !findings.clean() {
-            ready::remove(&state_dir)?;
+    let state_path = dest_path.join(STATE_DIR);
+    let dest = Dest::open_existing(dest_path)
+        .map_err(|e| UsageError::new(format!("{}: {e}", dest_path.display())))?
+        .ok_or_else(|| UsageError::new(format!("{} is gone", dest_path.display())))?;
+    let (state_dir, lock) = match mode {
+        Mode::ReadOnly => {
+            let dir = dest
+                .existing_state_dir()
+                .local("opening", &state_path)?
+                .ok_or_else(no_manifest)?;
+            (dir, None)
         }
-        if forget_bad {
+        Mode::Check | Mode::Repair => {
+            let dir = dest.state_dir().local("opening", &state_path)?;
+            let lock = lock::acquire(&dir, None).await?;
+            (dir, Some(lock))
+        }
+    };
+    let view = state_dir
+        .try_clone()
+        .and_then(|dir| ManifestView::open(dir, None))
+        .local("reading the manifest in", &state_path)?
+        .ok_or_else(no_manifest)?;
+    let source = view.source().clone();
+    let findings = tokio::task::spawn_blocking(move || -> io::Result<Findings> {
+        let findings = check(&dest, &view)?;
+        if findings.clean() || mode == Mode::ReadOnly {
+            return Ok(findings);
+        }
+        ready::remove(&state_dir)?;
+        if mode == Mode::Repair {
+            let (_, manifest) = Manifest::open_existing(state_dir)?
+                .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "the manifest is gone"))?;
             for key in &findings.bad_keys {
                 manifest.forget(key)?;
             }
             manifest.sync()?;
         }
+        drop(lock);
         Ok(findings)
     })
     .await
@@ -86,7 +119,8 @@ pub(crate) async fn verify(
 /// Files handed to the hashing threads ahead of them: the manifest is streamed, never loaded.
 const QUEUED_FILES: usize = 1024;
 
-fn check(dest: &Dest, manifest: &Manifest, prefix: &str) -> io::Result<Findings> {
+fn check(dest: &Dest, manifest: &ManifestView) -> io::Result<Findings> {
+    let prefix = &manifest.source().prefix;
     let findings = Mutex::new(Findings::default());
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
     let (queue, files) = std::sync::mpsc::sync_channel::<Expected>(QUEUED_FILES);
@@ -109,7 +143,7 @@ fn check(dest: &Dest, manifest: &Manifest, prefix: &str) -> io::Result<Findings>
         }
         let mut checked = 0;
         let mut objects = manifest.objects()?;
-        while let Some((key, o)) = objects.as_mut().map_or(Ok(None), |o| o.next_object())? {
+        while let Some((key, o)) = objects.next_object()? {
             if let Some(done) = o.complete {
                 let file = Expected {
                     key,

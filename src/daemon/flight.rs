@@ -234,7 +234,7 @@ async fn hydrate(
         budget: Some(daemon.budget.clone()),
         stats: flight.stats.clone(),
         stop: Some(daemon.stop.subscribe()),
-        source: None,
+        ..Default::default()
     };
     let outcome = engine::run_with(cfg, hooks).await?;
     if outcome.exit != Exit::Success {

@@ -17,7 +17,7 @@ use super::part::{fetch_part, FetchedPart, PartTarget};
 use super::stats::Stats;
 use crate::error::{IoContext, LocalError, ObjectError, PartError};
 use crate::hash::{merge_parts, PartDigest};
-use crate::manifest::{DurablePart, ObjectState};
+use crate::manifest::{Completed, DurablePart, ObjectState};
 use crate::plan::keys::RelPath;
 use crate::plan::parts::part_ranges;
 use crate::report::{FileRecord, FileStatus};
@@ -25,7 +25,7 @@ use crate::source::checksum::{self, FullObjectChecksum};
 use crate::source::fetch::{full_object_checksum, head, PinnedObject};
 use crate::source::list::ObjectEntry;
 use crate::units::unix_nanos;
-use crate::write::dest;
+use crate::write::dest::{self, Dest};
 
 /// Times an object is restarted from scratch after it changed on the server mid-download.
 const MAX_OBJECT_RESTARTS: u32 = 3;
@@ -128,21 +128,48 @@ impl Drop for InFlight<'_> {
 /// The file's hash when the manifest says it is published at this version and the file on disk
 /// is still the one published (size, mtime and inode unchanged).
 fn up_to_date(ctx: &Ctx, rel: &RelPath, entry: &ObjectEntry) -> std::io::Result<Option<[u8; 32]>> {
-    let done = ctx.write.manifest.inspect(&entry.key, |known| {
-        known
-            .filter(|k| k.etag == entry.etag && k.size == entry.size && rel.is(&k.path))
-            .and_then(|k| k.complete)
-    });
-    let Some(done) = done else {
+    let done = ctx
+        .write
+        .manifest
+        .inspect(&entry.key, |known| published(known, rel, entry));
+    match done {
+        Some(done) => still_on_disk(&ctx.write.dest, rel, entry.size, done),
+        None => Ok(None),
+    }
+}
+
+/// What the manifest's `known` state says is published of this listed version at `rel`.
+pub(super) fn published(
+    known: Option<&ObjectState>,
+    rel: &RelPath,
+    entry: &ObjectEntry,
+) -> Option<Completed> {
+    known
+        .filter(|k| k.etag == entry.etag && k.size == entry.size && rel.is(&k.path))
+        .and_then(|k| k.complete)
+}
+
+/// The file's hash when the file at `rel` is still the one `done` published.
+pub(super) fn still_on_disk(
+    dest: &Dest,
+    rel: &RelPath,
+    size: u64,
+    done: Completed,
+) -> std::io::Result<Option<[u8; 32]>> {
+    let Some(stat) = dest.stat_final(rel)? else {
         return Ok(None);
     };
-    let Some(stat) = ctx.write.dest.stat_final(rel)? else {
-        return Ok(None);
-    };
-    if stat.size != entry.size || stat.inode != done.inode || stat.mtime_ns != done.mtime_ns {
+    if stat.size != size || stat.inode != done.inode || stat.mtime_ns != done.mtime_ns {
         return Ok(None);
     }
     Ok(Some(done.blake3))
+}
+
+/// Whether the durable parts `known` holds can be resumed for a download of this version.
+pub(super) fn resumable(known: &ObjectState, etag: &str, size: u64, part_size: u64) -> bool {
+    known.complete.is_none()
+        && !known.parts.is_empty()
+        && (known.etag.as_str(), known.size, known.part_size) == (etag, size, part_size)
 }
 
 async fn download(
@@ -165,12 +192,8 @@ async fn download(
     // Durable parts of another attempt must be voided, durably, before their partial file is
     // replaced: otherwise a crash could leave them describing a new, still empty file.
     let stale_parts = known.as_ref().is_some_and(|k| !k.parts.is_empty());
-    let resumable = known.filter(|known| {
-        known.complete.is_none()
-            && !known.parts.is_empty()
-            && (&known.etag, known.size, known.part_size)
-                == (&state.etag, state.size, state.part_size)
-    });
+    let resumable =
+        known.filter(|known| resumable(known, &state.etag, state.size, state.part_size));
     let (dir, file, attempt, resumed) = {
         let (dest, manifest, rel, key) = (
             ctx.write.dest.clone(),

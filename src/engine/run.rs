@@ -27,12 +27,13 @@ use crate::manifest::lock::{self, DestLock};
 use crate::manifest::ready::{self, Ready};
 use crate::manifest::{journal, Manifest};
 use crate::plan::filter::KeyFilter;
-use crate::plan::keys::{plan_key, KeyPlan, STATE_DIR};
+use crate::plan::keys::{plan_key, KeyPlan, RelPath, STATE_DIR};
 use crate::report::{
     ByteCounts, Failure, FileRecord, FileStatus, ObjectCounts, ReportSink, RunResult, Summary,
     REPORT_VERSION,
 };
 use crate::snapshot;
+use crate::source::list::ObjectEntry;
 use crate::source::object_source::ObjectSource;
 use crate::source::s3::S3Source;
 use crate::source::{client, list};
@@ -89,6 +90,9 @@ pub(crate) struct Hooks {
     pub stats: Arc<Stats>,
     pub stop: Option<watch::Receiver<bool>>,
     pub source: Option<Arc<dyn ObjectSource>>,
+    /// Keys a `--dry-run` takes as unknown to the manifest (`verify --repair --dry-run`: the
+    /// files found bad, which the repair forgets before it syncs).
+    pub forgotten: std::collections::HashSet<String>,
 }
 
 /// The result of a run that got as far as starting.
@@ -105,8 +109,12 @@ impl Outcome {
         if let Some(error) = &self.summary.error {
             eprintln!("hydrator: error: {error}");
         }
+        let failed = match self.summary.dry_run {
+            true => "would fail",
+            false => "failed",
+        };
         for failure in self.summary.failures.iter().take(20) {
-            eprintln!("hydrator: failed: {}: {}", failure.key, failure.reason);
+            eprintln!("hydrator: {failed}: {}: {}", failure.key, failure.reason);
         }
         println!("{}", self.summary.one_line());
         self.exit
@@ -122,6 +130,9 @@ pub(crate) async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
 pub(crate) async fn run_with(cfg: SyncConfig, mut hooks: Hooks) -> Result<Outcome, SyncError> {
     let started = Instant::now();
     let mut stop = hooks.stop.take();
+    if cfg.dry_run {
+        return super::dry_run::run(&cfg, hooks, stop).await;
+    }
     let mut run = match prepare(&cfg, hooks, &mut stop, started).await? {
         Start::AlreadyThere(outcome) => return Ok(outcome),
         Start::Run(run) => run,
@@ -293,40 +304,27 @@ async fn mirror(
             Some(Err(err)) => break Some(err),
             None => break None,
         };
-        Stats::add(&stats.objects_listed, 1);
-        match plan_key(&cfg.source.prefix, &entry.key, entry.size) {
-            KeyPlan::DirectoryMarker => Stats::add(&stats.directory_markers, 1),
-            KeyPlan::Refused(why) => {
-                Stats::add(&stats.bytes_listed, entry.size);
-                tally.failed(entry.key, ObjectError::Refused(why));
+        let Some(rel) = tally.select(&cfg.source.prefix, &run.filter, &entry) else {
+            continue;
+        };
+        let known = match listed.push(&entry.key).and_then(|()| base.take(&entry.key)) {
+            Ok(known) => known,
+            Err(err) => {
+                break Some(LocalError::new("reading the manifest in", state_path, err).into())
             }
-            KeyPlan::File(rel) if !run.filter.accepts(rel.as_str()) => {
-                Stats::add(&stats.objects_filtered, 1)
-            }
-            KeyPlan::File(rel) => {
-                Stats::add(&stats.bytes_listed, entry.size);
-                let known = match listed.push(&entry.key).and_then(|()| base.take(&entry.key)) {
-                    Ok(known) => known,
-                    Err(err) => {
-                        break Some(
-                            LocalError::new("reading the manifest in", state_path, err).into(),
-                        )
-                    }
-                };
-                let permit = tokio::select! {
-                    permit = ctx.fetch.request_slots.acquire_object() => permit,
-                    () = stopped(stop) => break Some(SyncError::Stopped),
-                };
-                let ctx = ctx.clone();
-                tasks.spawn(async move {
-                    let key = entry.key.clone();
-                    let result = mirror_object(ctx, entry, rel, known, permit).await;
-                    (key, result)
-                });
-                while let Some(done) = tasks.try_join_next() {
-                    tally.joined(done);
-                }
-            }
+        };
+        let permit = tokio::select! {
+            permit = ctx.fetch.request_slots.acquire_object() => permit,
+            () = stopped(stop) => break Some(SyncError::Stopped),
+        };
+        let ctx = ctx.clone();
+        tasks.spawn(async move {
+            let key = entry.key.clone();
+            let result = mirror_object(ctx, entry, rel, known, permit).await;
+            (key, result)
+        });
+        while let Some(done) = tasks.try_join_next() {
+            tally.joined(done);
         }
     };
     if fatal.is_none() {
@@ -457,7 +455,7 @@ async fn finish(cfg: &SyncConfig, run: Prepared, mirrored: Mirrored, started: In
 }
 
 /// Resolves once `stop` says so; never without a stop signal.
-async fn stopped(stop: &mut Option<watch::Receiver<bool>>) {
+pub(super) async fn stopped(stop: &mut Option<watch::Receiver<bool>>) {
     match stop {
         Some(stop) => {
             if stop.wait_for(|stopped| *stopped).await.is_err() {
@@ -493,7 +491,11 @@ fn write_ready(cfg: &SyncConfig, state_dir: &Dir, folded: &Folded) -> std::io::R
 
 /// With `--snapshot`, a DEST whose READY names the same snapshot and filters is done: no S3
 /// request. Checked under the lock, so no other hydrator is changing DEST meanwhile.
-fn snapshot_already_there(cfg: &SyncConfig, state_dir: &Dir, started: Instant) -> Option<Outcome> {
+pub(super) fn snapshot_already_there(
+    cfg: &SyncConfig,
+    state_dir: &Dir,
+    started: Instant,
+) -> Option<Outcome> {
     let snapshot = cfg.snapshot.as_ref()?;
     let ready = ready::read(state_dir).filter(|r| {
         r.snapshot.as_deref() == Some(snapshot.digest.as_str())
@@ -522,7 +524,7 @@ fn snapshot_already_there(cfg: &SyncConfig, state_dir: &Dir, started: Instant) -
 }
 
 /// What only a run that wrote something can say about itself.
-struct RunFacts {
+pub(super) struct RunFacts {
     backend: crate::write::Backend,
     fallback_reason: Option<String>,
     peak_requests: usize,
@@ -530,7 +532,7 @@ struct RunFacts {
 }
 
 /// The run's summary, from its counters: the one place a summary is built.
-fn summarize(
+pub(super) fn summarize(
     cfg: &SyncConfig,
     stats: &Stats,
     exit: Exit,
@@ -543,6 +545,7 @@ fn summarize(
     let downloaded = Stats::get(&stats.bytes_downloaded);
     Summary {
         version: REPORT_VERSION,
+        dry_run: cfg.dry_run,
         source: cfg.source.to_string(),
         dest: cfg.dest.display().to_string(),
         result: if exit == Exit::Success {
@@ -581,14 +584,41 @@ fn summarize(
 }
 
 /// Books finished objects into the counters, the report and the failure list.
-struct Tally<'a> {
-    stats: &'a Stats,
-    sink: &'a mut ReportSink,
-    failures: Vec<Failure>,
-    sink_error: Option<std::io::Error>,
+pub(super) struct Tally<'a> {
+    pub stats: &'a Stats,
+    pub sink: &'a mut ReportSink,
+    pub failures: Vec<Failure>,
+    pub sink_error: Option<std::io::Error>,
 }
 
 impl Tally<'_> {
+    /// Counts a listed entry and returns the file it becomes when the run mirrors it; a key
+    /// that cannot be a file under DEST is booked as failed.
+    pub(super) fn select(
+        &mut self,
+        prefix: &str,
+        filter: &KeyFilter,
+        entry: &ObjectEntry,
+    ) -> Option<RelPath> {
+        let stats = self.stats;
+        Stats::add(&stats.objects_listed, 1);
+        match plan_key(prefix, &entry.key, entry.size) {
+            KeyPlan::DirectoryMarker => Stats::add(&stats.directory_markers, 1),
+            KeyPlan::Refused(why) => {
+                Stats::add(&stats.bytes_listed, entry.size);
+                self.failed(entry.key.clone(), ObjectError::Refused(why));
+            }
+            KeyPlan::File(rel) if !filter.accepts(rel.as_str()) => {
+                Stats::add(&stats.objects_filtered, 1)
+            }
+            KeyPlan::File(rel) => {
+                Stats::add(&stats.bytes_listed, entry.size);
+                return Some(rel);
+            }
+        }
+        None
+    }
+
     fn joined(
         &mut self,
         joined: Result<(String, Result<FileRecord, ObjectError>), tokio::task::JoinError>,
@@ -601,9 +631,9 @@ impl Tally<'_> {
         }
     }
 
-    fn done(&mut self, record: FileRecord) {
+    pub(super) fn done(&mut self, record: FileRecord) {
         let (objects, bytes) = match record.status {
-            FileStatus::Downloaded => {
+            FileStatus::Downloaded | FileStatus::WouldDownload | FileStatus::WouldResume => {
                 (&self.stats.objects_downloaded, &self.stats.bytes_downloaded)
             }
             FileStatus::Skipped => (&self.stats.objects_skipped, &self.stats.bytes_skipped),
@@ -615,7 +645,7 @@ impl Tally<'_> {
         }
     }
 
-    fn failed(&mut self, key: String, err: ObjectError) {
+    pub(super) fn failed(&mut self, key: String, err: ObjectError) {
         tracing::error!(key = %key, "failed: {err}");
         Stats::add(&self.stats.objects_failed, 1);
         if self.failures.len() < MAX_REPORTED_FAILURES {

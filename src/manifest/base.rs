@@ -82,15 +82,27 @@ impl BaseReader {
     }
 }
 
-/// Looks objects up in the base in ascending key order.
+/// Objects and their state, in ascending key order: the base as written, or the base with a
+/// journal applied ([`super::fold::Merged`]).
+pub(crate) trait ObjectStream: Send {
+    fn next_object(&mut self) -> io::Result<Option<(String, ObjectState)>>;
+}
+
+impl ObjectStream for BaseReader {
+    fn next_object(&mut self) -> io::Result<Option<(String, ObjectState)>> {
+        BaseReader::next_object(self)
+    }
+}
+
+/// Looks objects up in an [`ObjectStream`] in ascending key order.
 pub(crate) struct Cursor {
-    reader: Option<BaseReader>,
+    reader: Option<Box<dyn ObjectStream>>,
     head: Option<(String, ObjectState)>,
     last_asked: Option<String>,
 }
 
 impl Cursor {
-    pub(crate) fn new(reader: Option<BaseReader>) -> Self {
+    pub(crate) fn new(reader: Option<Box<dyn ObjectStream>>) -> Self {
         Self {
             reader,
             head: None,

@@ -19,7 +19,7 @@ use std::fs::File;
 use std::io::{self, BufReader, Seek, SeekFrom};
 use std::time::Instant;
 
-use super::base::{BaseReader, BaseWriter, BASE};
+use super::base::{BaseReader, BaseWriter, ObjectStream, BASE};
 use super::journal::{self, JournalWriter, Record, RecordReader, SourceInfo};
 use super::listed::ListedReader;
 use super::ready::DatasetDigest;
@@ -56,16 +56,11 @@ pub(crate) fn fold(
 ) -> io::Result<Folded> {
     let started = Instant::now();
     let (base_source, base) = base.unzip();
-    let changes = match journal {
-        Some(file) => SortedChanges::sort(dir, file)?,
-        None => SortedChanges::default(),
-    };
-    let unchanged = changes.order.is_empty()
-        && forget_unlisted.is_none()
-        && base_source.as_ref() == Some(source);
+    let objects = Merged::new(dir, base, journal)?;
+    let unchanged =
+        !objects.has_changes() && forget_unlisted.is_none() && base_source.as_ref() == Some(source);
     let mut merge = Merge {
-        base,
-        changes,
+        objects,
         listed,
         forget_unlisted,
     };
@@ -93,10 +88,9 @@ pub(crate) fn fold(
     Ok(folded)
 }
 
-/// The three ascending streams a fold walks together.
+/// The ascending streams a fold walks together: the merged objects and the listed keys.
 struct Merge<'a> {
-    base: Option<BaseReader>,
-    changes: SortedChanges,
+    objects: Merged,
     listed: Option<ListedReader>,
     forget_unlisted: Option<&'a dyn Fn(&str) -> bool>,
 }
@@ -107,28 +101,10 @@ impl Merge<'_> {
         &mut self,
         keep: &mut dyn FnMut(&str, &ObjectState) -> io::Result<()>,
     ) -> io::Result<Folded> {
-        let mut base_head = next_object(&mut self.base)?;
         let mut listed_head = next_listed(&mut self.listed)?;
         let mut digest = DatasetDigest::default();
         let (mut objects, mut bytes, mut kept) = (0, 0, 0);
-        loop {
-            let key = match (&base_head, self.changes.peek_key()) {
-                (None, None) => break,
-                (Some((a, _)), Some(b)) => a.as_str().min(b).to_string(),
-                (Some((a, _)), None) => a.clone(),
-                (None, Some(b)) => b.to_string(),
-            };
-            let mut state = None;
-            if base_head.as_ref().is_some_and(|(head, _)| *head == key) {
-                state = base_head.take().map(|(_, state)| state);
-                base_head = next_object(&mut self.base)?;
-            }
-            while let Some(record) = self.changes.next_for(&key)? {
-                apply(&mut state, record);
-            }
-            let Some(state) = state else {
-                continue;
-            };
+        while let Some((key, state)) = self.objects.next_object()? {
             while listed_head.as_ref().is_some_and(|head| *head < key) {
                 listed_head = next_listed(&mut self.listed)?;
             }
@@ -154,6 +130,66 @@ impl Merge<'_> {
             bytes,
             kept,
         })
+    }
+}
+
+/// The base with the journal's changes applied: every object's current state, in key order.
+/// Memory is one sorted run of journal records; longer journals spill to `spill_dir`.
+pub(crate) struct Merged {
+    base: Option<BaseReader>,
+    base_head: Option<(String, ObjectState)>,
+    changes: SortedChanges,
+}
+
+impl Merged {
+    pub(crate) fn new(
+        spill_dir: &Dir,
+        mut base: Option<BaseReader>,
+        journal: Option<&mut File>,
+    ) -> io::Result<Self> {
+        let changes = match journal {
+            Some(file) => SortedChanges::sort(spill_dir, file)?,
+            None => SortedChanges::default(),
+        };
+        let base_head = next_object(&mut base)?;
+        Ok(Self {
+            base,
+            base_head,
+            changes,
+        })
+    }
+
+    /// Whether the journal changes anything.
+    fn has_changes(&self) -> bool {
+        !self.changes.order.is_empty()
+    }
+}
+
+impl ObjectStream for Merged {
+    fn next_object(&mut self) -> io::Result<Option<(String, ObjectState)>> {
+        loop {
+            let key = match (&self.base_head, self.changes.peek_key()) {
+                (None, None) => return Ok(None),
+                (Some((a, _)), Some(b)) => a.as_str().min(b).to_string(),
+                (Some((a, _)), None) => a.clone(),
+                (None, Some(b)) => b.to_string(),
+            };
+            let mut state = None;
+            if self
+                .base_head
+                .as_ref()
+                .is_some_and(|(head, _)| *head == key)
+            {
+                state = self.base_head.take().map(|(_, state)| state);
+                self.base_head = next_object(&mut self.base)?;
+            }
+            while let Some(record) = self.changes.next_for(&key)? {
+                apply(&mut state, record);
+            }
+            if let Some(state) = state {
+                return Ok(Some((key, state)));
+            }
+        }
     }
 }
 

@@ -16,6 +16,13 @@ pub(crate) struct DestLock {
     _file: File,
 }
 
+/// Whether another process holds DEST's lock now; only reads (`--dry-run`).
+pub(crate) fn held_elsewhere(state_dir: &Dir) -> bool {
+    state_dir
+        .open_file(LOCK, OFlags::RDONLY)
+        .is_ok_and(|file| matches!(file.try_lock_shared(), Err(TryLockError::WouldBlock)))
+}
+
 /// Takes the lock, waiting at most `timeout` (forever when `None`).
 pub(crate) async fn acquire(
     state_dir: &Dir,

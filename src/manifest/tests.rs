@@ -49,7 +49,7 @@ fn open(dir: &tempfile::TempDir) -> Manifest {
 
 /// The base's objects in order.
 fn base(manifest: &Manifest) -> Vec<(String, ObjectState)> {
-    let mut objects = manifest.objects().unwrap().expect("a base");
+    let mut objects = BaseReader::open(&manifest.dir).unwrap().expect("a base").1;
     std::iter::from_fn(|| objects.next_object().unwrap()).collect()
 }
 
@@ -147,6 +147,54 @@ fn a_killed_runs_journal_is_folded_when_opened_and_a_second_fold_changes_nothing
     drop(reopened);
     std::fs::write(dir.path().join(JOURNAL), journal).unwrap();
     assert_eq!(base(&open(&dir)), objects);
+}
+
+/// Every file in `dir` with its bytes.
+fn files(dir: &tempfile::TempDir) -> BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap())
+        .map(|e| {
+            (
+                e.file_name().into_string().unwrap(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn the_view_reads_a_killed_runs_journal_as_the_fold_would_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = open(&dir);
+    publish(&manifest, "a", 1);
+    publish(&manifest, "c", 3);
+    manifest.fold(None, None).unwrap();
+    publish(&manifest, "b", 2);
+    manifest.start_object("c", &state("c", "e2")).unwrap();
+    manifest.forget("a").unwrap();
+    manifest.sync().unwrap();
+    drop(manifest);
+    let before = files(&dir);
+
+    let view = view::ManifestView::open(Dir::open(dir.path()).unwrap(), Some(&source("")))
+        .unwrap()
+        .expect("a manifest");
+    let mut objects = view.objects().unwrap();
+    let seen: Vec<_> =
+        std::iter::from_fn(|| base::ObjectStream::next_object(&mut objects).unwrap()).collect();
+    let mut cursor = view.cursor().unwrap();
+    assert_eq!(cursor.take("a").unwrap(), None);
+    assert_eq!(cursor.take("c").unwrap().unwrap().etag, "e2");
+    assert_eq!(files(&dir), before, "the view wrote nothing");
+    assert_eq!(seen, base(&open(&dir)), "the view is what the fold makes");
+    assert_eq!(seen.len(), 2);
+
+    let other = view::ManifestView::open(Dir::open(dir.path()).unwrap(), Some(&source("x/")));
+    let mut other = other.unwrap().unwrap().objects().unwrap();
+    assert!(base::ObjectStream::next_object(&mut other)
+        .unwrap()
+        .is_none());
 }
 
 #[test]

@@ -51,6 +51,14 @@ impl RelPath {
     pub(crate) fn partial_name(&self) -> String {
         format!(".{}{PARTIAL_SUFFIX}", self.file_name())
     }
+
+    /// Path of the in-flight sibling relative to DEST.
+    pub(crate) fn partial_path(&self) -> String {
+        match self.path.rsplit_once('/') {
+            Some((dirs, _)) => format!("{dirs}/{}", self.partial_name()),
+            None => self.partial_name(),
+        }
+    }
 }
 
 impl fmt::Display for RelPath {

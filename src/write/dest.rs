@@ -41,6 +41,18 @@ impl Dest {
         })
     }
 
+    /// Opens DEST if it exists, creating nothing (`--dry-run`).
+    pub(crate) fn open_existing(path: &Path) -> io::Result<Option<Self>> {
+        match Dir::open(path) {
+            Ok(root) => Ok(Some(Self {
+                root,
+                path: path.to_path_buf(),
+            })),
+            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
     pub(crate) fn path(&self) -> &Path {
         &self.path
     }
@@ -90,18 +102,49 @@ impl Dest {
         direct_io: bool,
         size: u64,
     ) -> io::Result<Option<(Dir, File)>> {
+        let Some(dir) = self.resumable_partial(rel, direct_io, size)? else {
+            return Ok(None);
+        };
+        let file = dir.open_file(rel.partial_name(), with_direct(OFlags::WRONLY, direct_io))?;
+        Ok(Some((dir, file)))
+    }
+
+    /// The directory holding `rel`'s `.NAME.partial` when that file can be resumed: it has
+    /// `size` bytes and no other link.
+    pub(crate) fn resumable_partial(
+        &self,
+        rel: &RelPath,
+        direct_io: bool,
+        size: u64,
+    ) -> io::Result<Option<Dir>> {
         let Some(dir) = self.open_parent(rel, false)? else {
             return Ok(None);
         };
-        let partial = rel.partial_name();
-        match dir.stat_regular(&partial)? {
+        match dir.stat_regular(rel.partial_name())? {
             // A hard link planted at the partial name would make writes land in another file;
             // under O_DIRECT the last block may already be written padded.
-            Some(stat) if stat.links == 1 && resumable_size(stat.size, size, direct_io) => {}
-            _ => return Ok(None),
+            Some(stat) if stat.links == 1 && resumable_size(stat.size, size, direct_io) => {
+                Ok(Some(dir))
+            }
+            _ => Ok(None),
         }
-        let file = dir.open_file(&partial, with_direct(OFlags::WRONLY, direct_io))?;
-        Ok(Some((dir, file)))
+    }
+
+    /// Whether `rel`'s `.NAME.partial` exists (as anything).
+    pub(crate) fn has_partial(&self, rel: &RelPath) -> io::Result<bool> {
+        let Some(dir) = self.open_parent(rel, false)? else {
+            return Ok(false);
+        };
+        dir.exists(rel.partial_name())
+    }
+
+    /// DEST's `.hydrator` state directory if there is one, creating nothing.
+    pub(crate) fn existing_state_dir(&self) -> io::Result<Option<Dir>> {
+        match self.root.open_dir(STATE_DIR) {
+            Ok(dir) => Ok(Some(dir)),
+            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(err) => Err(in_the_way(err, STATE_DIR)),
+        }
     }
 
     /// Opens (creating it if needed) DEST's `.hydrator` state directory, never through a symlink.

@@ -8,7 +8,9 @@ use std::process::{Output, Stdio};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-use crate::support::{assert_mirror, content, files, temp_dest, Server, MIB};
+use crate::support::{
+    assert_mirror, content, corrupt_keeping_mtime, files, temp_dest, Server, MIB,
+};
 
 fn ready(dest: &Path) -> Option<serde_json::Value> {
     let text = std::fs::read(dest.join(".hydrator/READY")).ok()?;
@@ -146,17 +148,7 @@ fn check_verify_and_repair(server: &Server, prefix: &str) {
     assert_eq!(code(&verify(server, &dest, false)), 0);
 
     // A flipped byte, a deleted file and a stray file.
-    let mut corrupted = expected["a.bin"].clone();
-    corrupted[2 * MIB + 5] ^= 0x01;
-    let path = dest.join("a.bin");
-    let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
-    std::fs::write(&path, &corrupted).unwrap();
-    std::fs::File::options()
-        .write(true)
-        .open(&path)
-        .unwrap()
-        .set_modified(mtime)
-        .unwrap();
+    corrupt_keeping_mtime(&dest.join("a.bin"), 2 * MIB + 5);
     std::fs::remove_file(dest.join("c")).unwrap();
     std::fs::write(dest.join("stray.tmp"), b"x").unwrap();
     let found = verify(server, &dest, false);

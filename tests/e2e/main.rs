@@ -8,5 +8,6 @@ mod container;
 mod csi;
 mod daemon;
 mod dataset;
+mod dry_run;
 mod sync;
 mod torture;

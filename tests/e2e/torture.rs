@@ -13,22 +13,6 @@ use crate::support::{
     temp_dest, wait_until, Server, MIB,
 };
 
-/// `hydrator sync s3://BUCKET/PREFIX DEST` against `server`, without progress output.
-fn sync_command(server: &Server, prefix: &str, dest: &Path) -> Command {
-    let mut command = hydrator_command(&server.target);
-    command
-        .arg("sync")
-        .arg(format!("s3://{}/{prefix}", server.target.bucket))
-        .arg(dest)
-        .args([
-            "--endpoint-url",
-            &server.target.endpoint,
-            "--progress",
-            "none",
-        ]);
-    command
-}
-
 /// The same with a report and `args`, started and not yet waited for.
 fn spawn_sync(
     server: &Server,
@@ -37,7 +21,8 @@ fn spawn_sync(
     report: &Path,
     args: &[&str],
 ) -> std::process::Child {
-    sync_command(server, prefix, dest)
+    server
+        .sync_command(prefix, dest)
         .arg("--report")
         .arg(report)
         .args(args)
@@ -283,7 +268,7 @@ fn twenty_thousand_objects_in_2000_directories_under_an_open_file_limit_of_256()
     seed_many(&server, "many/", 20_000, 100);
     let (_dir, dest) = temp_dest();
     let report = dest.with_extension("json");
-    let mut command = sync_command(&server, "many/", &dest);
+    let mut command = server.sync_command("many/", &dest);
     command.arg("--report").arg(&report);
     // SAFETY: setrlimit is async-signal-safe, as pre_exec requires.
     unsafe {
@@ -355,7 +340,7 @@ fn a_listing_that_loops_or_repeats_keys_fails_instead_of_running_forever() {
     ] {
         let (_dir, dest) = temp_dest();
         let (output, _) = output_within(
-            &mut sync_command(&server, prefix, &dest),
+            &mut server.sync_command(prefix, &dest),
             Duration::from_secs(60),
         );
         let stderr = String::from_utf8_lossy(&output.stderr);
@@ -470,7 +455,8 @@ fn four_processes_on_one_dest_killed_and_restarted_at_random_end_whole() {
     );
     let (_dir, dest) = temp_dest();
     let start = |_: usize| {
-        sync_command(&server, "four/", &dest)
+        server
+            .sync_command("four/", &dest)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -605,12 +591,17 @@ fn memory_stays_within_the_formula_whatever_the_object_sizes() {
     server.seed("mem-big/", &big);
     let (_d1, tiny_dest) = temp_dest();
     let (tiny, baseline) = output_and_peak_rss(
-        sync_command(&server, "mem-tiny/", &tiny_dest).args(["--concurrency", "4"]),
+        server
+            .sync_command("mem-tiny/", &tiny_dest)
+            .args(["--concurrency", "4"]),
     );
     assert!(tiny.status.success());
     let (_d2, dest) = temp_dest();
-    let (run, peak) =
-        output_and_peak_rss(sync_command(&server, "mem-big/", &dest).args(["--concurrency", "4"]));
+    let (run, peak) = output_and_peak_rss(
+        server
+            .sync_command("mem-big/", &dest)
+            .args(["--concurrency", "4"]),
+    );
     assert!(
         run.status.success(),
         "{}",

@@ -169,6 +169,22 @@ impl Server {
         command.output().expect("run hydrator")
     }
 
+    /// `hydrator sync s3://BUCKET/PREFIX DEST` against this server, without progress output.
+    pub fn sync_command(&self, prefix: &str, dest: &Path) -> Command {
+        let mut command = hydrator_command(&self.target);
+        command
+            .arg("sync")
+            .arg(format!("s3://{}/{prefix}", self.target.bucket))
+            .arg(dest)
+            .args([
+                "--endpoint-url",
+                &self.target.endpoint,
+                "--progress",
+                "none",
+            ]);
+        command
+    }
+
     /// Runs `hydrator sync s3://BUCKET/PREFIX DEST ARGS...` against this server.
     pub fn sync(&self, prefix: &str, dest: &Path, args: &[&str]) -> Run {
         let url = format!("s3://{}/{}", self.target.bucket, prefix);
@@ -364,6 +380,16 @@ pub fn temp_dest() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let dest = dir.path().join("dest");
     (dir, dest)
+}
+
+/// Flips one byte of the file at `path`, keeping its size, inode and mtime: only hashing finds it.
+pub fn corrupt_keeping_mtime(path: &Path, at: usize) {
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[at] ^= 1;
+    let mtime = std::fs::metadata(path).unwrap().modified().unwrap();
+    let mut file = std::fs::File::options().write(true).open(path).unwrap();
+    std::io::Write::write_all(&mut file, &bytes).unwrap();
+    file.set_modified(mtime).unwrap();
 }
 
 /// Whether the manifest journal at `journal` records durable parts.
