@@ -121,10 +121,12 @@ async fn snapshot(args: SnapshotArgs) -> Result<Exit, SyncError> {
     let client = client::build(settings, Default::default()).await;
     let snapshot = snapshot::create(client, &url, settings).await?;
     snapshot::write(&args.output, &snapshot).local("writing", &args.output)?;
+    let versioned = snapshot.entries.iter().filter(|e| e.version_id.is_some());
     println!(
-        "hydrator: snapshot of {url}: {} objects ({}), digest {} written to {}",
+        "hydrator: snapshot of {url}: {} objects ({}), {} pinned to a version id, the rest to their ETag; digest {} written to {}",
         snapshot.objects,
         crate::units::human_bytes(snapshot.bytes),
+        versioned.count(),
         snapshot.digest,
         args.output.display()
     );

@@ -29,4 +29,21 @@ pub(crate) mod stats;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use run::{run, run_with, Budget, Hooks, Outcome};
+pub(crate) use run::{Budget, Hooks, Outcome};
+
+use crate::config::SyncConfig;
+use crate::error::SyncError;
+
+/// Runs a sync. `Err` only for problems found before any work starts.
+pub(crate) async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
+    run_with(cfg, Hooks::default()).await
+}
+
+/// Runs a sync embedded as `hooks` say; with `--dry-run`, only says what it would do.
+pub(crate) async fn run_with(cfg: SyncConfig, mut hooks: Hooks) -> Result<Outcome, SyncError> {
+    let stop = hooks.stop.take();
+    match cfg.dry_run {
+        true => dry_run::run(&cfg, hooks, stop).await,
+        false => run::run_with(cfg, hooks, stop).await,
+    }
+}

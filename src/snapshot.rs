@@ -82,16 +82,20 @@ pub(crate) async fn create(
     settings: &crate::source::client::ClientSettings,
 ) -> Result<Snapshot, SyncError> {
     let endpoint = settings.endpoint.clone();
-    let listed = if list::bucket_is_versioned(&client, &url.bucket).await {
-        list::list_latest_versions(&client, url).await?
-    } else {
-        let source = Arc::new(crate::source::s3::S3Source::new(client, settings.anonymous));
-        let mut listing = list::spawn(source, url.clone());
-        let mut listed = Vec::new();
-        while let Some(entry) = listing.recv().await {
-            listed.push(entry?);
+    let listed = match list::list_latest_versions(&client, url).await? {
+        list::Versions::Listed(entries) => entries,
+        list::Versions::NotListed(why) => {
+            tracing::warn!(
+                "the server does not list object versions ({why}): the snapshot pins ETags only, so an object overwritten after it will fail the hydration instead of being fetched at its version"
+            );
+            let source = Arc::new(crate::source::s3::S3Source::new(client, settings.anonymous));
+            let mut listing = list::spawn(source, url.clone());
+            let mut listed = Vec::new();
+            while let Some(entry) = listing.recv().await {
+                listed.push(entry?);
+            }
+            listed
         }
-        listed
     };
     let entries: Vec<SnapshotEntry> = listed
         .into_iter()

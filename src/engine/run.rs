@@ -121,18 +121,13 @@ impl Outcome {
     }
 }
 
-/// Runs a sync. `Err` only for problems found before any work starts.
-pub(crate) async fn run(cfg: SyncConfig) -> Result<Outcome, SyncError> {
-    run_with(cfg, Hooks::default()).await
-}
-
 /// Runs a sync embedded as `hooks` say.
-pub(crate) async fn run_with(cfg: SyncConfig, mut hooks: Hooks) -> Result<Outcome, SyncError> {
+pub(super) async fn run_with(
+    cfg: SyncConfig,
+    hooks: Hooks,
+    mut stop: Option<watch::Receiver<bool>>,
+) -> Result<Outcome, SyncError> {
     let started = Instant::now();
-    let mut stop = hooks.stop.take();
-    if cfg.dry_run {
-        return super::dry_run::run(&cfg, hooks, stop).await;
-    }
     let mut run = match prepare(&cfg, hooks, &mut stop, started).await? {
         Start::AlreadyThere(outcome) => return Ok(outcome),
         Start::Run(run) => run,

@@ -14,7 +14,7 @@ use super::errors::classify;
 pub(crate) use super::object_source::ObjectEntry;
 use super::object_source::ObjectSource;
 use super::url::S3Url;
-use crate::error::{ListingError, Remedy, SourceError, SyncError};
+use crate::error::{ListingError, Remedy, SourceError, SourceErrorKind, SyncError};
 
 /// Objects buffered between the listing and the planner (a few pages).
 pub(crate) const LISTING_QUEUE: usize = 4096;
@@ -111,26 +111,44 @@ async fn list_into(
     }
 }
 
-/// Lists the latest version of every object under `url` in a versioned bucket, with its
-/// version id (for snapshots). Deleted objects (a delete marker is latest) are left out.
+/// What ListObjectVersions gave for a prefix.
+pub(crate) enum Versions {
+    /// The latest version of every object (a delete marker hides its object); the version id
+    /// is `None` where the server keeps none ("null").
+    Listed(Vec<ObjectEntry>),
+    /// The server does not list versions here: why.
+    NotListed(SourceError),
+}
+
+/// Lists the latest version of every object under `url` with its version id (for
+/// snapshots). Whether a bucket keeps versions is judged by this answer, not by
+/// GetBucketVersioning, which some servers answer in a form the SDK cannot read.
 pub(crate) async fn list_latest_versions(
     client: &aws_sdk_s3::Client,
     url: &S3Url,
-) -> Result<Vec<ObjectEntry>, SyncError> {
+) -> Result<Versions, SyncError> {
     let mut entries = Vec::new();
     let (mut key_marker, mut version_marker) = (None, None);
     loop {
-        let page = client
+        let answer = client
             .list_object_versions()
             .bucket(&url.bucket)
             .prefix(&url.prefix)
             .set_key_marker(key_marker.take())
             .set_version_id_marker(version_marker.take())
             .send()
-            .await
-            .map_err(|err| {
-                listing_error(classify(err, format!("listing {url}")), entries.is_empty())
-            })?;
+            .await;
+        let page = match answer {
+            Ok(page) => page,
+            Err(err) => {
+                let err = classify(err, format!("listing the versions of {url}"));
+                let first_page = entries.is_empty();
+                if first_page && versions_not_offered(&err.kind) {
+                    return Ok(Versions::NotListed(err));
+                }
+                return Err(listing_error(err, first_page));
+            }
+        };
         for version in page
             .versions()
             .iter()
@@ -143,11 +161,14 @@ pub(crate) async fn list_latest_versions(
                 last_modified: version
                     .last_modified()
                     .and_then(|t| SystemTime::try_from(*t).ok()),
-                version_id: version.version_id().map(str::to_string),
+                version_id: version
+                    .version_id()
+                    .filter(|id| *id != "null")
+                    .map(str::to_string),
             });
         }
         if page.is_truncated() != Some(true) {
-            return Ok(entries);
+            return Ok(Versions::Listed(entries));
         }
         key_marker = page.next_key_marker().map(str::to_string);
         version_marker = page.next_version_id_marker().map(str::to_string);
@@ -160,16 +181,15 @@ pub(crate) async fn list_latest_versions(
     }
 }
 
-/// Whether the bucket keeps versions (servers without versioning say no, or nothing).
-pub(crate) async fn bucket_is_versioned(client: &aws_sdk_s3::Client, bucket: &str) -> bool {
-    match client.get_bucket_versioning().bucket(bucket).send().await {
-        Ok(out) => out.status() == Some(&aws_sdk_s3::types::BucketVersioningStatus::Enabled),
-        Err(err) => {
-            tracing::debug!(
-                "GetBucketVersioning: {}",
-                super::errors::describe_chain(&err)
-            );
-            false
-        }
+/// Whether an error answers "no versions listed here" rather than "no listing at all": the
+/// call is not implemented (Garage, s3s), or only the version listing is forbidden
+/// (`s3:ListBucketVersions` is a permission of its own).
+fn versions_not_offered(kind: &SourceErrorKind) -> bool {
+    match kind {
+        SourceErrorKind::AccessDenied(_)
+        | SourceErrorKind::NotFound(_)
+        | SourceErrorKind::Refused(_) => true,
+        SourceErrorKind::Unavailable(answer) => answer.status == 501,
+        _ => false,
     }
 }

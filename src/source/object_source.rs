@@ -48,6 +48,16 @@ pub(crate) struct ObjectRef<'a> {
     pub etag: &'a str,
 }
 
+/// The key, and the version when one is pinned: what an error about the request names.
+impl std::fmt::Display for ObjectRef<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.version_id {
+            Some(version) => write!(f, "{} (version {version})", self.key),
+            None => f.write_str(self.key),
+        }
+    }
+}
+
 /// What a HEAD tells.
 #[derive(Clone, Debug)]
 pub(crate) struct ObjectHead {

@@ -113,7 +113,7 @@ impl ObjectSource for S3Source {
             let head = request
                 .send()
                 .await
-                .map_err(|err| self.classify(err, format!("HEAD {}", object.key)))?;
+                .map_err(|err| self.classify(err, format!("HEAD {object}")))?;
             let etag = head.e_tag().unwrap_or_default();
             Ok(ObjectHead {
                 etag: etag.to_string(),
@@ -157,7 +157,7 @@ impl ObjectSource for S3Source {
             let response = request
                 .send()
                 .await
-                .map_err(|err| self.classify(err, format!("GET {} {:?}", object.key, range)))?;
+                .map_err(|err| self.classify(err, format!("GET {object} {range:?}")))?;
             Ok(GetResponse {
                 etag: response.e_tag().map(str::to_string),
                 content_range: response.content_range().map(str::to_string),

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use crate::support::{
-    assert_mirror, content, corrupt_keeping_mtime, files, temp_dest, Server, MIB,
+    assert_mirror, content, corrupt_keeping_mtime, files, temp_dest, Server, MIB, VERSIONED_BUCKET,
 };
 
 fn ready(dest: &Path) -> Option<serde_json::Value> {
@@ -177,7 +177,7 @@ fn check_verify_and_repair(server: &Server, prefix: &str) {
     assert_eq!(code(&verify(server, &dest, false)), 0);
 }
 
-on_both_servers!(
+on_every_server!(
     verify_finds_damage_and_repair_fixes_it,
     check_verify_and_repair,
     "verify/"
@@ -291,7 +291,7 @@ fn check_delete(server: &Server, prefix: &str) {
     assert!(dest.join(".hydrator/manifest.journal").exists());
 }
 
-on_both_servers!(
+on_every_server!(
     delete_removes_only_what_is_not_in_the_source,
     check_delete,
     "delete/"
@@ -433,10 +433,23 @@ fn check_snapshot(server: &Server, prefix: &str) {
     ]);
     assert_eq!(code(&offline), 0, "{}", text(&offline));
 
-    // The object changes on the server: hydrating the snapshot elsewhere fails and names it.
+    // The object changes on the server. Where the bucket keeps versions (moto), the snapshot
+    // pinned them and hydrating it elsewhere still gets the old bytes; elsewhere it fails and
+    // names the object.
     server.seed(prefix, &files(&[("m.bin", content(142, 100))]));
     let other = dir.path().join("other");
     let changed = sync(&other);
+    let entries = snapshot["entries"].as_array().unwrap();
+    if server.target.bucket == VERSIONED_BUCKET {
+        assert!(
+            entries.iter().all(|e| e["version_id"].is_string()),
+            "{snapshot}"
+        );
+        assert_eq!(code(&changed), 0, "{}", text(&changed));
+        assert_mirror(&other, &expected);
+        return;
+    }
+    assert!(entries.iter().all(|e| e["version_id"].is_null()));
     assert_eq!(code(&changed), 1, "{}", text(&changed));
     assert!(
         text(&changed).contains(&format!("{prefix}m.bin")) && text(&changed).contains("changed"),
@@ -446,7 +459,7 @@ fn check_snapshot(server: &Server, prefix: &str) {
     assert!(ready(&other).is_none());
 }
 
-on_both_servers!(snapshot_pins_the_dataset, check_snapshot, "snap/");
+on_every_server!(snapshot_pins_the_dataset, check_snapshot, "snap/");
 
 /// In a versioned bucket a snapshot records version ids and every GET asks for that version; a
 /// version that no longer exists is an error that names the object.
@@ -491,6 +504,77 @@ fn snapshot_of_a_versioned_bucket_pins_versions() {
     let gone = sync(&other);
     assert_eq!(code(&gone), 1, "{}", text(&gone));
     assert!(text(&gone).contains("versioned/w.txt"), "{}", text(&gone));
+}
+
+/// On a real server that keeps versions (moto): a snapshot pins every object's version id, a
+/// multipart object (a composite CRC32) is hydrated and checked, an object overwritten or
+/// deleted after the snapshot is hydrated at its pinned version, and a pinned version that was
+/// itself deleted is an error naming the object and the version.
+#[test]
+fn a_snapshot_on_moto_hydrates_pinned_versions_after_overwrites_and_deletes() {
+    let Some(server) = Server::moto() else {
+        return;
+    };
+    let prefix = "pinned/";
+    let mut expected = files(&[("a.txt", content(170, 100)), ("b.txt", content(171, 200))]);
+    server.seed(prefix, &expected);
+    expected.insert("big.bin".into(), content(172, 11 * MIB + 7));
+    let uploaded = server.seed_multipart("pinned/big.bin", &expected["big.bin"], 5 * MIB);
+    assert!(uploaded.is_some(), "moto's bucket keeps versions");
+    let (dir, lock, snapshot) = make_snapshot(&server, prefix);
+    let pinned: BTreeMap<&str, &str> = snapshot["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["key"].as_str().unwrap(),
+                e["version_id"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(pinned.len(), 3, "{snapshot}");
+    assert_eq!(pinned["pinned/big.bin"], uploaded.as_deref().unwrap());
+
+    server.seed(prefix, &files(&[("a.txt", content(173, 50))]));
+    server.runtime.block_on(async {
+        let deleted = server.client.delete_object().bucket(&server.target.bucket);
+        deleted.key("pinned/b.txt").send().await.unwrap();
+    });
+    let sync = |dest: &Path| {
+        server.hydrator(&[
+            OsStr::new("sync"),
+            OsStr::new("--snapshot"),
+            lock.as_os_str(),
+            dest.as_os_str(),
+            OsStr::new("--part-size"),
+            OsStr::new("1MiB"),
+            OsStr::new("--progress"),
+            OsStr::new("none"),
+        ])
+    };
+    let dest = dir.path().join("dest");
+    let hydrated = sync(&dest);
+    assert_eq!(code(&hydrated), 0, "{}", text(&hydrated));
+    assert_mirror(&dest, &expected);
+
+    let version = pinned["pinned/a.txt"];
+    server.runtime.block_on(async {
+        let deleted = server.client.delete_object().bucket(&server.target.bucket);
+        deleted
+            .key("pinned/a.txt")
+            .version_id(version)
+            .send()
+            .await
+            .unwrap();
+    });
+    let lost = sync(&dir.path().join("other"));
+    assert_eq!(code(&lost), 1, "{}", text(&lost));
+    assert!(
+        text(&lost).contains(&format!("pinned/a.txt (version {version})")),
+        "{}",
+        text(&lost)
+    );
 }
 
 /// A snapshot hydrated with filters is not the whole snapshot: a later unfiltered sync of it

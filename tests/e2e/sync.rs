@@ -52,7 +52,7 @@ fn check_boundaries(server: &Server, prefix: &str) {
     assert_mirror(&dest, &expected);
 }
 
-on_both_servers!(boundary_sizes, check_boundaries, "sizes/");
+on_every_server!(boundary_sizes, check_boundaries, "sizes/");
 
 fn special_key_files() -> BTreeMap<String, Vec<u8>> {
     files(&[
@@ -73,7 +73,7 @@ fn check_special_keys(server: &Server, prefix: &str) {
     assert_mirror(&dest, &expected);
 }
 
-on_both_servers!(special_keys, check_special_keys, "special-keys/");
+on_every_server!(special_keys, check_special_keys, "special-keys/");
 
 fn check_thousand_small_files_and_filters(server: &Server, prefix: &str) {
     let all: BTreeMap<String, Vec<u8>> = (0..1000)
@@ -109,7 +109,7 @@ fn check_thousand_small_files_and_filters(server: &Server, prefix: &str) {
     );
 }
 
-on_both_servers!(
+on_every_server!(
     a_thousand_small_files_and_filters,
     check_thousand_small_files_and_filters,
     "thousand/"
@@ -465,7 +465,7 @@ fn check_writers_produce_identical_files(server: &Server, prefix: &str) {
     }
 }
 
-on_both_servers!(
+on_every_server!(
     writers_produce_identical_files,
     check_writers_produce_identical_files,
     "writers/"

@@ -190,13 +190,8 @@ impl FaultyS3 {
             .get("if-match")
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
-        if self.faults.versioned.load(Relaxed) && method == "GET" {
-            if has_param(&query, "versioning") {
-                return Ok(xml_response(VERSIONING_ENABLED.to_string()));
-            }
-            if has_param(&query, "versions") {
-                return self.list_versions(&path, &query).await;
-            }
+        if self.faults.versioned.load(Relaxed) && method == "GET" && has_param(&query, "versions") {
+            return self.list_versions(&path, &query).await;
         }
         let wanted_version = param(&query, "versionId").map(str::to_string);
         if wanted_version.is_some() && method == "GET" {
@@ -436,9 +431,6 @@ impl FaultyS3 {
         Ok(())
     }
 }
-
-const VERSIONING_ENABLED: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\
-    <VersioningConfiguration><Status>Enabled</Status></VersioningConfiguration>";
 
 /// The version id the emulated versioned bucket gives an object with this ETag.
 fn version_of(etag: &str) -> String {

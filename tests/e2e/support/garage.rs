@@ -15,13 +15,10 @@
 //! - Ready means a signed ListObjectsV2 on the default bucket succeeds, not just an open port.
 
 use std::fs::{self, File};
-use std::io;
-use std::net::{Ipv4Addr, TcpListener};
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -30,6 +27,8 @@ use aws_sdk_s3::config::timeout::TimeoutConfig;
 use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_s3::error::DisplayErrorContext;
 use tempfile::TempDir;
+
+use super::keeper::{free_ports, log_tail, start_kept, Failure};
 
 const BIN_ENV: &str = "HYDRATOR_GARAGE_BIN";
 const REQUIRE_ENV: &str = "HYDRATOR_REQUIRE_GARAGE";
@@ -115,21 +114,6 @@ fn find_binary() -> Option<PathBuf> {
     })
 }
 
-struct Failure {
-    /// Garage died or could not bind: worth another attempt with fresh ports.
-    retry: bool,
-    message: String,
-}
-
-impl Failure {
-    fn setup(what: &str, error: impl std::fmt::Display) -> Self {
-        Self {
-            retry: false,
-            message: format!("cannot start Garage: {what}: {error}"),
-        }
-    }
-}
-
 fn launch(bin: &Path) -> Result<Garage, Failure> {
     let dir = tempfile::Builder::new()
         .prefix("hydrator-garage-")
@@ -183,15 +167,6 @@ s3_region = "{REGION}"
         .stdin(Stdio::null())
         .stdout(log_copy)
         .stderr(log);
-    // SAFETY: only `prctl`, which is async-signal-safe, runs between fork and exec.
-    unsafe {
-        command.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) == -1 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
     let client = aws_sdk_s3::Client::from_conf(
         aws_sdk_s3::Config::builder()
             .behavior_version(BehaviorVersion::latest())
@@ -214,17 +189,9 @@ s3_region = "{REGION}"
             .build(),
     );
 
-    let (started, outcome) = mpsc::channel();
-    let keeper_log = log_path.clone();
-    thread::Builder::new()
-        .name("garage-keeper".to_owned())
-        .spawn(move || keep(command, &client, &keeper_log, started))
-        .map_err(|e| Failure::setup("spawn keeper thread", e))?;
-    let outcome = outcome.recv().unwrap_or_else(|_| {
-        Err(Failure::setup(
-            "keeper thread",
-            "panicked before reporting readiness",
-        ))
+    let ready_log = log_path.clone();
+    let outcome = start_kept(command, "garage", move |child| {
+        wait_ready(child, &client, &ready_log)
     });
     match outcome {
         Ok(child) => {
@@ -240,38 +207,6 @@ s3_region = "{REGION}"
                 log_tail(&log_path),
             );
             Err(failure)
-        }
-    }
-}
-
-/// Runs on the keeper thread: spawns Garage, reports once it serves S3 requests, then parks for
-/// the rest of the process so that `PR_SET_PDEATHSIG` stays armed.
-fn keep(
-    mut command: Command,
-    client: &aws_sdk_s3::Client,
-    log: &Path,
-    started: mpsc::Sender<Result<Child, Failure>>,
-) {
-    let mut child = match command.spawn() {
-        Ok(child) => child,
-        Err(e) => {
-            let _ = started.send(Err(Failure::setup("spawn garage", e)));
-            return;
-        }
-    };
-    match wait_ready(&mut child, client, log) {
-        Ok(()) => {
-            if started.send(Ok(child)).is_err() {
-                return; // nobody to hand it to: exiting this thread fires the death signal
-            }
-            loop {
-                thread::park();
-            }
-        }
-        Err(failure) => {
-            let _ = child.kill();
-            let _ = child.wait();
-            let _ = started.send(Err(failure));
         }
     }
 }
@@ -337,25 +272,8 @@ extern "C" fn stop_at_exit() {
     }
 }
 
-/// Two distinct free loopback ports (both listeners are held until both are picked).
-fn free_ports() -> io::Result<[u16; 2]> {
-    let a = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
-    let b = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
-    Ok([a.local_addr()?.port(), b.local_addr()?.port()])
-}
-
 fn hex(len: usize) -> String {
     (0..len)
         .map(|_| char::from(b"0123456789abcdef"[fastrand::usize(..16)]))
         .collect()
-}
-
-fn log_tail(path: &Path) -> String {
-    match fs::read_to_string(path) {
-        Ok(log) => {
-            let lines: Vec<&str> = log.lines().collect();
-            lines[lines.len().saturating_sub(30)..].join("\n")
-        }
-        Err(e) => format!("(cannot read {}: {e})", path.display()),
-    }
 }
