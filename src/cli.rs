@@ -243,6 +243,10 @@ pub struct ConnectionOptions {
     /// on-prem HTTPS endpoint). SSL_CERT_FILE replaces the system's roots instead.
     #[arg(long, env = "AWS_CA_BUNDLE")]
     pub ca_bundle: Option<PathBuf>,
+    /// Accept any server certificate (warned on every run): a test endpoint with a
+    /// self-signed certificate. Prefer --ca-bundle.
+    #[arg(long, env = "HYDRATOR_NO_VERIFY_SSL")]
+    pub no_verify_ssl: bool,
 }
 
 #[derive(Debug, Args)]
@@ -376,6 +380,7 @@ impl ConnectionOptions {
             profile: self.profile.clone().filter(|p| !p.is_empty()),
             anonymous: self.no_sign_request,
             ca_bundle: self.ca_bundle.clone().filter(|f| !f.as_os_str().is_empty()),
+            no_verify_ssl: self.no_verify_ssl,
             ..config
         }
     }

@@ -84,6 +84,7 @@ impl SyncConfig {
             profile: None,
             anonymous: false,
             ca_bundle: None,
+            no_verify_ssl: false,
             concurrency: Concurrency::Auto,
             part_size: DEFAULT_PART_SIZE,
             include: vec![],
@@ -128,6 +129,11 @@ impl SyncConfig {
             ));
         }
         let client = &self.client;
+        if client.no_verify_ssl && client.ca_bundle.is_some() {
+            return Err(UsageError::new(
+                "--no-verify-ssl checks no certificate, so --ca-bundle would change nothing: give one of them",
+            ));
+        }
         if client.anonymous && (client.credentials.is_some() || client.profile.is_some()) {
             return Err(UsageError::new(
                 "--no-sign-request sends no credentials: give it without credentials or --profile",
@@ -178,6 +184,8 @@ pub(crate) struct SyncConfigBuilder {
     pub anonymous: bool,
     /// A PEM file of certificates to trust besides the system's (`--ca-bundle`).
     pub ca_bundle: Option<PathBuf>,
+    /// Accept any server certificate (`--no-verify-ssl`).
+    pub no_verify_ssl: bool,
     pub concurrency: Concurrency,
     pub part_size: u64,
     pub include: Vec<String>,
@@ -210,6 +218,7 @@ impl SyncConfigBuilder {
                 profile: self.profile,
                 anonymous: self.anonymous,
                 ca_bundle,
+                no_verify_ssl: self.no_verify_ssl,
                 max_requests: self.concurrency.max(),
             },
             source: self.source,

@@ -12,4 +12,5 @@ pub(crate) mod list;
 pub(crate) mod memory;
 pub(crate) mod object_source;
 pub(crate) mod s3;
+pub(crate) mod unverified_tls;
 pub(crate) mod url;

@@ -101,6 +101,8 @@ struct RawDataset {
     #[serde(default)]
     no_sign_request: bool,
     ca_bundle: Option<PathBuf>,
+    #[serde(default)]
+    no_verify_ssl: bool,
 }
 
 /// The validated catalog.
@@ -175,6 +177,8 @@ pub(crate) struct Dataset {
     pub anonymous: bool,
     /// CA certificates to trust besides the system's.
     pub ca_bundle: Option<PathBuf>,
+    /// Accept any server certificate.
+    pub no_verify_ssl: bool,
     /// The pinned snapshot (from the catalog's `snapshot` file): the dataset never moves past it.
     pub pinned: Option<std::sync::Arc<crate::snapshot::Snapshot>>,
     pub prewarm: bool,
@@ -197,6 +201,7 @@ impl Dataset {
             profile: self.profile.clone(),
             anonymous: self.anonymous,
             ca_bundle: self.ca_bundle.clone(),
+            no_verify_ssl: self.no_verify_ssl,
             concurrency,
             progress: ProgressMode::None,
             ..SyncConfig::builder(self.source.clone(), dest)
@@ -547,6 +552,9 @@ fn dataset(
         if let Err(err) = config::read_ca_bundle(file) {
             problem(err.to_string().replace("--ca-bundle", "ca_bundle"));
         }
+        if raw.no_verify_ssl {
+            problem("no_verify_ssl checks no certificate: give it or ca_bundle, not both".into());
+        }
     }
     if raw.no_sign_request && (raw.access_key_id_env.is_some() || raw.profile.is_some()) {
         problem("no_sign_request sends no credentials: drop the credentials or the profile".into());
@@ -579,6 +587,7 @@ fn dataset(
         profile: raw.profile,
         anonymous: raw.no_sign_request,
         ca_bundle: raw.ca_bundle,
+        no_verify_ssl: raw.no_verify_ssl,
         pinned,
         prewarm: raw.prewarm,
         refresh: Duration::from_secs(raw.refresh_seconds.unwrap_or(DEFAULT_REFRESH)),

@@ -69,6 +69,7 @@ pub(crate) async fn seed(
         profile: None,
         anonymous: false,
         ca_bundle: None,
+        no_verify_ssl: false,
         max_requests: UPLOADS,
     };
     let client = client::build(&settings, Default::default()).await;

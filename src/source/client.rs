@@ -65,6 +65,8 @@ pub(crate) struct ClientSettings {
     pub anonymous: bool,
     /// PEM certificates trusted besides the system's (`--ca-bundle`, an in-house CA).
     pub ca_bundle: Option<Vec<u8>>,
+    /// Accept any server certificate (`--no-verify-ssl`).
+    pub no_verify_ssl: bool,
     /// The most requests in flight, which sizes the retry budget.
     pub max_requests: usize,
 }
@@ -153,6 +155,12 @@ pub(crate) async fn build(
     }
     if let Some(pem) = &settings.ca_bundle {
         loader = loader.http_client(https_client_trusting(pem));
+    }
+    if settings.no_verify_ssl {
+        tracing::warn!(
+            "--no-verify-ssl: the server's certificate is not checked, so anyone on the network path can pose as it (BLAKE3 and the CRCs catch damage, not a forger)"
+        );
+        loader = loader.http_client(super::unverified_tls::client());
     }
     if let Some(profile) = &settings.profile {
         loader = loader.profile_name(profile);

@@ -100,7 +100,7 @@ fn a_named_profile_supplies_the_credentials() {
 }
 
 #[test]
-fn an_endpoint_signed_by_an_in_house_ca_needs_its_bundle_and_the_right_name() {
+fn an_endpoint_signed_by_an_in_house_ca_needs_its_bundle_and_the_right_name_or_no_verify() {
     let server = Server::local();
     let expected = files(&[("tls/a.bin", content(64, 2 * 1024 * 1024 + 5))]);
     server.seed("secure/", &expected);
@@ -139,4 +139,17 @@ fn an_endpoint_signed_by_an_in_house_ca_needs_its_bundle_and_the_right_name() {
         "{}",
         run.stderr()
     );
+
+    // --no-verify-ssl takes the untrusted certificate under the wrong name, and says so.
+    let (run, _dir, dest) = over("127.0.0.1", &["--no-verify-ssl"]);
+    run.assert_code(0);
+    assert_mirror(&dest, &expected);
+    assert!(
+        run.stderr()
+            .contains("--no-verify-ssl: the server's certificate is not checked"),
+        "{}",
+        run.stderr()
+    );
+    let (run, _dir, _) = over("localhost", &["--no-verify-ssl", "--ca-bundle", ca]);
+    run.assert_code(2);
 }

@@ -1,0 +1,114 @@
+//! `--no-verify-ssl`: an HTTPS client for the SDK that accepts any server certificate. The
+//! SDK's own client takes a trust store but no certificate verifier, so this is hyper-util's
+//! pooled client over hyper-rustls with a verifier that accepts every certificate. The
+//! handshake's signatures are still checked (it is TLS, encrypted); who the server is, is not.
+
+use std::sync::Arc;
+
+use aws_smithy_runtime_api::client::http::{
+    HttpClient, HttpConnector, HttpConnectorFuture, HttpConnectorSettings, SharedHttpClient,
+    SharedHttpConnector,
+};
+use aws_smithy_runtime_api::client::orchestrator::{HttpRequest, HttpResponse};
+use aws_smithy_runtime_api::client::result::ConnectorError;
+use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
+use aws_smithy_types::body::SdkBody;
+use hyper_util::client::legacy::connect::HttpConnector as TcpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+
+/// Every certificate is taken; only the handshake's signatures are checked.
+#[derive(Debug)]
+struct AcceptAnyCertificate(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for AcceptAnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        signature: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        let algorithms = &self.0.signature_verification_algorithms;
+        verify_tls12_signature(message, cert, signature, algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        signature: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        let algorithms = &self.0.signature_verification_algorithms;
+        verify_tls13_signature(message, cert, signature, algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+type Https = hyper_rustls::HttpsConnector<TcpConnector>;
+
+#[derive(Clone, Debug)]
+struct UnverifiedClient(Client<Https, SdkBody>);
+
+impl HttpConnector for UnverifiedClient {
+    fn call(&self, request: HttpRequest) -> HttpConnectorFuture {
+        let client = self.0.clone();
+        HttpConnectorFuture::new(async move {
+            let request = request
+                .try_into_http1x()
+                .map_err(|err| ConnectorError::user(err.into()))?;
+            let response = client
+                .request(request)
+                .await
+                .map_err(|err| ConnectorError::io(err.into()))?;
+            HttpResponse::try_from(response.map(SdkBody::from_body_1_x))
+                .map_err(|err| ConnectorError::other(err.into(), None))
+        })
+    }
+}
+
+impl HttpClient for UnverifiedClient {
+    fn http_connector(
+        &self,
+        _: &HttpConnectorSettings,
+        _: &RuntimeComponents,
+    ) -> SharedHttpConnector {
+        SharedHttpConnector::new(self.clone())
+    }
+}
+
+/// An HTTP(S) client for the SDK that does not check server certificates.
+pub(crate) fn client() -> SharedHttpClient {
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let tls = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .expect("the default TLS versions are supported")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AcceptAnyCertificate(provider)))
+        .with_no_client_auth();
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .build();
+    SharedHttpClient::new(UnverifiedClient(
+        Client::builder(TokioExecutor::new()).build(https),
+    ))
+}
