@@ -120,6 +120,7 @@ impl Daemon {
             leases: registry.leases.len(),
             s3_requests: &requests,
             io_backend: &self.io_backend,
+            rate_limited_seconds: self.budget.rates.waited_seconds(),
         })
     }
 

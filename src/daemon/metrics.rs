@@ -115,6 +115,8 @@ pub(crate) struct Snapshot<'a> {
     pub leases: usize,
     pub s3_requests: &'a BTreeMap<(String, u16), u64>,
     pub io_backend: &'a str,
+    /// Seconds hydrations waited on the catalog's bandwidth and request-rate caps.
+    pub rate_limited_seconds: f64,
 }
 
 impl Metrics {
@@ -186,6 +188,11 @@ impl Metrics {
             "hydrator_s3_requests",
             "S3 answers by operation and HTTP status",
             requests,
+        );
+        registry.register(
+            "hydrator_rate_limited_seconds",
+            "Seconds hydrations waited on the bandwidth and request-rate caps, summed over requests (rising fast: a cap is the bottleneck)",
+            ConstCounter::new(now.rate_limited_seconds),
         );
         registry.register(
             "hydrator_cache_used_bytes",
@@ -266,6 +273,7 @@ mod tests {
             leases: 3,
             s3_requests: &requests,
             io_backend: "pwrite",
+            rate_limited_seconds: 1.5,
         })
     }
 
@@ -279,6 +287,7 @@ mod tests {
             ("hydrator_hydrations_total", "counter", "Finished hydrations by result."),
             ("hydrator_hydration_duration_seconds", "histogram", "Duration of finished hydrations."),
             ("hydrator_s3_requests_total", "counter", "S3 answers by operation and HTTP status."),
+            ("hydrator_rate_limited_seconds_total", "counter", "Seconds hydrations waited on the bandwidth and request-rate caps, summed over requests (rising fast: a cap is the bottleneck)."),
             ("hydrator_cache_used_bytes", "gauge", "Bytes the cache uses on disk (hard-linked files counted once)."),
             ("hydrator_cache_capacity_bytes", "gauge", "The cache quota."),
             ("hydrator_cache_filesystem_free_bytes", "gauge", "Free bytes on the cache's filesystem."),
@@ -300,6 +309,7 @@ mod tests {
         let samples = [
             "hydrator_bytes_fetched_total 7",
             "hydrator_bytes_served_from_cache_total 11",
+            "hydrator_rate_limited_seconds_total 1.5",
             "hydrator_hydrations_total{result=\"complete\"} 1",
             "hydrator_hydrations_total{result=\"failed\"} 1",
             "hydrator_hydration_duration_seconds_bucket{le=\"1\"} 0",
@@ -350,6 +360,7 @@ mod tests {
             leases: 0,
             s3_requests: &requests,
             io_backend: "io_uring",
+            rate_limited_seconds: 0.0,
         });
         for line in [
             "hydrator_hydrations_total{result=\"stopped\"} 1",

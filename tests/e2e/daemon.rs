@@ -1101,3 +1101,21 @@ fn a_lease_that_cannot_be_saved_answers_500_and_the_next_save_recovers() {
     let state = std::fs::read_to_string(dir.path().join("cache/.daemon/state.json")).unwrap();
     assert!(state.contains("\"holder\":\"pod\""), "{state}");
 }
+
+#[test]
+fn the_catalogs_bandwidth_cap_paces_hydrations_and_the_metrics_say_so() {
+    let (daemon, _dir, _server) = one_dataset(
+        "capped",
+        &files(&[("x.bin", content(24, 16 * MIB))]),
+        "max_bandwidth = \"8MiB\"",
+    );
+    assert_eq!(daemon.metric("hydrator_rate_limited_seconds_total"), 0.0);
+    let started = std::time::Instant::now();
+    assert_ok(&daemon.warm("capped", &[]), &daemon);
+    let took = started.elapsed();
+    // 16 MiB at 8 MiB/s: at least about 1.5 s after the first burst, never faster.
+    assert!(took >= Duration::from_millis(1400), "took {took:?}");
+    let waited = daemon.metric("hydrator_rate_limited_seconds_total");
+    assert!(waited > 0.5, "rate-limited seconds {waited}");
+    eprintln!("16 MiB at 8MiB: {took:?}, {waited:.2} s waited (summed over requests)");
+}
