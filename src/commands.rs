@@ -101,6 +101,7 @@ async fn verify(args: VerifyArgs) -> Result<Exit, SyncError> {
     };
     config.dry_run = args.dry_run;
     let hooks = engine::Hooks {
+        ready_removed: args.dry_run && !findings.clean(),
         // The repair forgets these before it syncs; its dry run takes them as forgotten.
         forgotten: match args.dry_run {
             true => findings.bad_keys.into_iter().collect(),

@@ -97,6 +97,12 @@ impl Dir {
             .map(|st| FileStat::of(&st)))
     }
 
+    /// Whether a directory is at `name` (a symlink is not followed).
+    pub(crate) fn is_dir(&self, name: impl AsRef<Path>) -> io::Result<bool> {
+        let stat = self.lstat(name.as_ref())?;
+        Ok(stat.is_some_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Directory))
+    }
+
     /// Whether anything is at `name` (a symlink is not followed).
     pub(crate) fn exists(&self, name: impl AsRef<Path>) -> io::Result<bool> {
         Ok(self.lstat(name.as_ref())?.is_some())

@@ -89,7 +89,7 @@ pub(crate) async fn verify(
     };
     let view = state_dir
         .try_clone()
-        .and_then(|dir| ManifestView::open(dir, None))
+        .and_then(|dir| ManifestView::open(dir, None, lock.is_some()))
         .local("reading the manifest in", &state_path)?
         .ok_or_else(no_manifest)?;
     let source = view.source().clone();

@@ -19,7 +19,6 @@ use super::run::{snapshot_already_there, stopped, summarize, Hooks, Outcome, Tal
 use super::stats::Stats;
 use crate::config::SyncConfig;
 use crate::error::{Exit, IoContext, LocalError, SyncError, UsageError};
-use crate::fs::Dir;
 use crate::manifest::base::Cursor;
 use crate::manifest::journal::SourceInfo;
 use crate::manifest::listed::{ListedKeys, ListedReader};
@@ -63,12 +62,16 @@ pub(super) async fn run(
                 "another hydrator is working on DEST now: what it changes meanwhile is not in this prediction"
             );
         }
-        if let Some(outcome) = snapshot_already_there(cfg, dir, started) {
+        // verify --repair removes READY before its sync: then no shortcut.
+        let shortcut = (!hooks.ready_removed)
+            .then(|| snapshot_already_there(cfg, dir, started))
+            .flatten();
+        if let Some(outcome) = shortcut {
             return Ok(outcome);
         }
     }
     let view = state_dir
-        .map(|dir| ManifestView::open(dir, Some(&SourceInfo::from(cfg))))
+        .map(|dir| ManifestView::open(dir, Some(&SourceInfo::from(cfg)), false))
         .transpose()
         .local("reading the manifest in", &state_path)?
         .flatten();
@@ -96,18 +99,15 @@ pub(super) async fn run(
         None => list::spawn(source, cfg.source.clone()),
     };
     let stats = hooks.stats;
-    let spool = tempfile::tempdir().local("creating", std::env::temp_dir())?;
     let mut plan = Plan {
         cfg,
         dest: dest.as_ref(),
         base,
         forgotten: &hooks.forgotten,
         listed: match cfg.delete {
-            true => Some(
-                Dir::open(spool.path())
-                    .and_then(|dir| ListedKeys::create(&dir))
-                    .local("creating a spool in", spool.path())?,
-            ),
+            true => Some(ListedKeys::in_file(
+                tempfile::tempfile().local("creating a spool in", std::env::temp_dir())?,
+            )),
             false => None,
         },
         replaced_partials: HashSet::new(),
@@ -268,6 +268,8 @@ impl Plan<'_> {
         rel: &RelPath,
         known: Option<&ObjectState>,
     ) -> std::io::Result<(Option<[u8; 32]>, u64)> {
+        // The run would fail to publish it.
+        dest.check_in_the_way(rel)?;
         if let Some(done) = published(known, rel, entry) {
             if let Some(hash) = still_on_disk(dest, rel, entry.size, done)? {
                 return Ok((Some(hash), 0));

@@ -91,8 +91,11 @@ pub(crate) struct Hooks {
     pub stop: Option<watch::Receiver<bool>>,
     pub source: Option<Arc<dyn ObjectSource>>,
     /// Keys a `--dry-run` takes as unknown to the manifest (`verify --repair --dry-run`: the
-    /// files found bad, which the repair forgets before it syncs).
+    /// files found bad, which the repair forgets before it syncs). A real run never reads it.
     pub forgotten: std::collections::HashSet<String>,
+    /// A `--dry-run` takes DEST's READY as gone (`verify --repair --dry-run` of a damaged
+    /// DEST: the repair removes READY before it syncs). A real run never reads it.
+    pub ready_removed: bool,
 }
 
 /// The result of a run that got as far as starting.
@@ -485,7 +488,8 @@ fn write_ready(cfg: &SyncConfig, state_dir: &Dir, folded: &Folded) -> std::io::R
 }
 
 /// With `--snapshot`, a DEST whose READY names the same snapshot and filters is done: no S3
-/// request. Checked under the lock, so no other hydrator is changing DEST meanwhile.
+/// request. A run checks it under the lock, so no other hydrator is changing DEST meanwhile;
+/// a dry run checks it without.
 pub(super) fn snapshot_already_there(
     cfg: &SyncConfig,
     state_dir: &Dir,

@@ -56,7 +56,7 @@ pub(crate) fn fold(
 ) -> io::Result<Folded> {
     let started = Instant::now();
     let (base_source, base) = base.unzip();
-    let objects = Merged::new(dir, base, journal)?;
+    let objects = Merged::new(&Spill::In(dir), base, journal)?;
     let unchanged =
         !objects.has_changes() && forget_unlisted.is_none() && base_source.as_ref() == Some(source);
     let mut merge = Merge {
@@ -133,8 +133,31 @@ impl Merge<'_> {
     }
 }
 
+/// Where a long journal's sorted runs spill: unlinked files in a directory (the state
+/// directory, when the caller holds DEST's lock), or anonymous files in the temporary
+/// directory (a dry run, which writes nothing in DEST). Nothing is created until a journal
+/// outgrows one run.
+pub(crate) enum Spill<'a> {
+    In(&'a Dir),
+    Temporary,
+}
+
+impl Spill<'_> {
+    fn file(&self) -> io::Result<File> {
+        match self {
+            Spill::In(dir) => {
+                let flags = OFlags::RDWR | OFlags::CREATE | OFlags::TRUNC;
+                let file = dir.open_file(SORT_SPILL, flags)?;
+                dir.unlink(SORT_SPILL)?;
+                Ok(file)
+            }
+            Spill::Temporary => tempfile::tempfile(),
+        }
+    }
+}
+
 /// The base with the journal's changes applied: every object's current state, in key order.
-/// Memory is one sorted run of journal records; longer journals spill to `spill_dir`.
+/// Memory is one sorted run of journal records; longer journals spill as `spill` says.
 pub(crate) struct Merged {
     base: Option<BaseReader>,
     base_head: Option<(String, ObjectState)>,
@@ -143,12 +166,12 @@ pub(crate) struct Merged {
 
 impl Merged {
     pub(crate) fn new(
-        spill_dir: &Dir,
+        spill: &Spill,
         mut base: Option<BaseReader>,
         journal: Option<&mut File>,
     ) -> io::Result<Self> {
         let changes = match journal {
-            Some(file) => SortedChanges::sort(spill_dir, file)?,
+            Some(file) => SortedChanges::sort(spill, file)?,
             None => SortedChanges::default(),
         };
         let base_head = next_object(&mut base)?;
@@ -233,7 +256,7 @@ struct SortedChanges {
 }
 
 impl SortedChanges {
-    fn sort(dir: &Dir, journal: &mut File) -> io::Result<Self> {
+    fn sort(spill_to: &Spill, journal: &mut File) -> io::Result<Self> {
         let mut records = journal::read_from_start(journal)?;
         let mut runs = Vec::new();
         let mut chunk = Vec::new();
@@ -243,7 +266,7 @@ impl SortedChanges {
             }
             chunk.push(record);
             if chunk.len() == RUN_RECORDS {
-                runs.push(spill(dir, std::mem::take(&mut chunk))?);
+                runs.push(spill(spill_to, std::mem::take(&mut chunk))?);
             }
         }
         sort_by_key(&mut chunk);
@@ -290,10 +313,9 @@ fn sort_by_key(records: &mut [Record]) {
 }
 
 /// Sorts `chunk` and writes it to an unlinked file to be read back in order.
-fn spill(dir: &Dir, mut chunk: Vec<Record>) -> io::Result<SortedRun> {
+fn spill(to: &Spill, mut chunk: Vec<Record>) -> io::Result<SortedRun> {
     sort_by_key(&mut chunk);
-    let mut file = dir.open_file(SORT_SPILL, OFlags::RDWR | OFlags::CREATE | OFlags::TRUNC)?;
-    dir.unlink(SORT_SPILL)?;
+    let mut file = to.file()?;
     let mut out = JournalWriter::new(file.try_clone()?);
     for record in &chunk {
         out.append(record)?;

@@ -19,9 +19,14 @@ impl ListedKeys {
     pub(crate) fn create(dir: &Dir) -> io::Result<Self> {
         let file = dir.open_file(SPOOL, OFlags::RDWR | OFlags::CREATE | OFlags::TRUNC)?;
         dir.unlink(SPOOL)?;
-        Ok(Self {
+        Ok(Self::in_file(file))
+    }
+
+    /// Starts an empty spool in `file` (an anonymous temporary file).
+    pub(crate) fn in_file(file: File) -> Self {
+        Self {
             out: BufWriter::with_capacity(256 << 10, file),
-        })
+        }
     }
 
     pub(crate) fn push(&mut self, key: &str) -> io::Result<()> {

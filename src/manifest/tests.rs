@@ -177,7 +177,7 @@ fn the_view_reads_a_killed_runs_journal_as_the_fold_would_and_writes_nothing() {
     drop(manifest);
     let before = files(&dir);
 
-    let view = view::ManifestView::open(Dir::open(dir.path()).unwrap(), Some(&source("")))
+    let view = view::ManifestView::open(Dir::open(dir.path()).unwrap(), Some(&source("")), false)
         .unwrap()
         .expect("a manifest");
     let mut objects = view.objects().unwrap();
@@ -190,7 +190,8 @@ fn the_view_reads_a_killed_runs_journal_as_the_fold_would_and_writes_nothing() {
     assert_eq!(seen, base(&open(&dir)), "the view is what the fold makes");
     assert_eq!(seen.len(), 2);
 
-    let other = view::ManifestView::open(Dir::open(dir.path()).unwrap(), Some(&source("x/")));
+    let other =
+        view::ManifestView::open(Dir::open(dir.path()).unwrap(), Some(&source("x/")), false);
     let mut other = other.unwrap().unwrap().objects().unwrap();
     assert!(base::ObjectStream::next_object(&mut other)
         .unwrap()

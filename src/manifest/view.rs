@@ -1,12 +1,13 @@
 //! The manifest as the next run would find it, read without writing a byte: the base with an
 //! interrupted run's journal applied as it is read, where a run would first fold the journal
-//! into a new base. `--dry-run` and `verify` read DEST through it; the journal's sorted runs
-//! spill to a temporary directory outside DEST.
+//! into a new base. `--dry-run` and `verify` read DEST through it; a long journal's sorted
+//! runs spill as the caller says ([`Spill`]): to the state directory under DEST's lock, to the
+//! temporary directory in a dry run.
 
 use std::io;
 
 use super::base::{BaseReader, Cursor, ObjectStream};
-use super::fold::Merged;
+use super::fold::{Merged, Spill};
 use super::journal::{self, SourceInfo};
 use super::{same_dataset, JOURNAL};
 use crate::fs::{Dir, OFlags};
@@ -17,14 +18,19 @@ pub(crate) struct ManifestView {
     /// Whether the base, and the journal, are of `source`'s dataset (a run sets others aside).
     use_base: bool,
     use_journal: bool,
-    spill: tempfile::TempDir,
+    /// Spill to the state directory (else to the temporary directory).
+    spill_in_place: bool,
 }
 
 impl ManifestView {
     /// Reads the manifest in the state directory `dir` as a run of `source` would; with `None`,
     /// as a run of the source it records. `None` when there is no manifest to read and no
-    /// source was given.
-    pub(crate) fn open(dir: Dir, source: Option<&SourceInfo>) -> io::Result<Option<Self>> {
+    /// source was given. `spill_in_place` when the caller holds DEST's lock.
+    pub(crate) fn open(
+        dir: Dir,
+        source: Option<&SourceInfo>,
+        spill_in_place: bool,
+    ) -> io::Result<Option<Self>> {
         let base_source = BaseReader::open(&dir)?.map(|(source, _)| source);
         let journal_source = match dir.open_file(JOURNAL, OFlags::RDONLY) {
             Ok(mut file) => journal::read_from_start(&mut file)?.header()?,
@@ -48,7 +54,7 @@ impl ManifestView {
             use_journal: of_dataset(&journal_source),
             source,
             dir,
-            spill: tempfile::tempdir()?,
+            spill_in_place,
         }))
     }
 
@@ -67,7 +73,11 @@ impl ManifestView {
             true => Some(self.dir.open_file(JOURNAL, OFlags::RDONLY)?),
             false => None,
         };
-        Merged::new(&Dir::open(self.spill.path())?, base, journal.as_mut())
+        let spill = match self.spill_in_place {
+            true => Spill::In(&self.dir),
+            false => Spill::Temporary,
+        };
+        Merged::new(&spill, base, journal.as_mut())
     }
 
     /// Looks objects up in ascending key order.

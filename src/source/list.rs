@@ -14,7 +14,7 @@ use super::errors::classify;
 pub(crate) use super::object_source::ObjectEntry;
 use super::object_source::ObjectSource;
 use super::url::S3Url;
-use crate::error::{ListingError, Remedy, SourceError, SourceErrorKind, SyncError};
+use crate::error::{HttpAnswer, ListingError, Remedy, SourceError, SourceErrorKind, SyncError};
 
 /// Objects buffered between the listing and the planner (a few pages).
 pub(crate) const LISTING_QUEUE: usize = 4096;
@@ -127,8 +127,12 @@ pub(crate) async fn list_latest_versions(
     client: &aws_sdk_s3::Client,
     url: &S3Url,
 ) -> Result<Versions, SyncError> {
-    let mut entries = Vec::new();
+    let mut entries: Vec<ObjectEntry> = Vec::new();
     let (mut key_marker, mut version_marker) = (None, None);
+    let mut markers_seen = std::collections::HashSet::new();
+    // A key whose latest version is a delete marker is hidden; a listing of versions none of
+    // which is latest, and no such marker, is a server that does not say which is latest.
+    let (mut versions, mut latest_markers) = (0, 0);
     loop {
         let answer = client
             .list_object_versions()
@@ -149,11 +153,26 @@ pub(crate) async fn list_latest_versions(
                 return Err(listing_error(err, first_page));
             }
         };
+        versions += page.versions().len();
+        latest_markers += page
+            .delete_markers()
+            .iter()
+            .filter(|m| m.is_latest() == Some(true))
+            .count();
         for version in page
             .versions()
             .iter()
             .filter(|v| v.is_latest() == Some(true))
         {
+            let key = version.key().unwrap_or_default();
+            if let Some(last) = entries.last().filter(|last| last.key.as_str() >= key) {
+                return Err(ListingError::Reordered {
+                    url: url.to_string(),
+                    key: key.to_string(),
+                    last: last.key.clone(),
+                }
+                .into());
+            }
             entries.push(ObjectEntry {
                 key: version.key().unwrap_or_default().to_string(),
                 size: version.size().unwrap_or(0).max(0) as u64,
@@ -168,13 +187,31 @@ pub(crate) async fn list_latest_versions(
             });
         }
         if page.is_truncated() != Some(true) {
+            if versions > 0 && entries.is_empty() && latest_markers == 0 {
+                return Ok(Versions::NotListed(SourceError {
+                    request: format!("listing the versions of {url}"),
+                    kind: SourceErrorKind::Refused(HttpAnswer {
+                        status: 200,
+                        code: String::new(),
+                        message: "no version is marked as the latest".into(),
+                    }),
+                    cause: None,
+                }));
+            }
             return Ok(Versions::Listed(entries));
         }
         key_marker = page.next_key_marker().map(str::to_string);
         version_marker = page.next_version_id_marker().map(str::to_string);
-        if key_marker.is_none() {
+        let Some(key) = &key_marker else {
             return Err(ListingError::NoContinuation {
                 url: url.to_string(),
+            }
+            .into());
+        };
+        if !markers_seen.insert((key.clone(), version_marker.clone())) {
+            return Err(ListingError::TokenLoop {
+                url: url.to_string(),
+                token: format!("{key} {}", version_marker.as_deref().unwrap_or("")),
             }
             .into());
         }

@@ -4,6 +4,7 @@
 //! handshake's signatures are still checked (it is TLS, encrypted); who the server is, is not.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use aws_smithy_runtime_api::client::http::{
     HttpClient, HttpConnector, HttpConnectorFuture, HttpConnectorSettings, SharedHttpClient,
@@ -15,7 +16,7 @@ use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 use aws_smithy_types::body::SdkBody;
 use hyper_util::client::legacy::connect::HttpConnector as TcpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
@@ -67,17 +68,31 @@ type Https = hyper_rustls::HttpsConnector<TcpConnector>;
 #[derive(Clone, Debug)]
 struct UnverifiedClient(Client<Https, SdkBody>);
 
-impl HttpConnector for UnverifiedClient {
+/// One pooled client, with the SDK's connect and read timeouts applied as the SDK's own
+/// connector applies them: until the response's head has arrived (the body is guarded by the
+/// SDK's stalled-stream protection).
+#[derive(Clone, Debug)]
+struct Connector {
+    client: Client<Https, SdkBody>,
+    head_timeout: Option<Duration>,
+}
+
+impl HttpConnector for Connector {
     fn call(&self, request: HttpRequest) -> HttpConnectorFuture {
-        let client = self.0.clone();
+        let (client, head_timeout) = (self.client.clone(), self.head_timeout);
         HttpConnectorFuture::new(async move {
             let request = request
                 .try_into_http1x()
                 .map_err(|err| ConnectorError::user(err.into()))?;
-            let response = client
-                .request(request)
-                .await
-                .map_err(|err| ConnectorError::io(err.into()))?;
+            let sent = client.request(request);
+            let response = match head_timeout {
+                Some(limit) => tokio::time::timeout(limit, sent)
+                    .await
+                    .map_err(|elapsed| ConnectorError::timeout(elapsed.into()))?,
+                None => sent.await,
+            };
+            // Connection failures and broken answers alike are worth another attempt.
+            let response = response.map_err(|err| ConnectorError::io(err.into()))?;
             HttpResponse::try_from(response.map(SdkBody::from_body_1_x))
                 .map_err(|err| ConnectorError::other(err.into(), None))
         })
@@ -87,10 +102,17 @@ impl HttpConnector for UnverifiedClient {
 impl HttpClient for UnverifiedClient {
     fn http_connector(
         &self,
-        _: &HttpConnectorSettings,
+        settings: &HttpConnectorSettings,
         _: &RuntimeComponents,
     ) -> SharedHttpConnector {
-        SharedHttpConnector::new(self.clone())
+        let head_timeout = match (settings.connect_timeout(), settings.read_timeout()) {
+            (None, None) => None,
+            (connect, read) => Some(connect.unwrap_or_default() + read.unwrap_or_default()),
+        };
+        SharedHttpConnector::new(Connector {
+            client: self.0.clone(),
+            head_timeout,
+        })
     }
 }
 
@@ -109,6 +131,8 @@ pub(crate) fn client() -> SharedHttpClient {
         .enable_http1()
         .build();
     SharedHttpClient::new(UnverifiedClient(
-        Client::builder(TokioExecutor::new()).build(https),
+        Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .build(https),
     ))
 }

@@ -130,6 +130,15 @@ impl Dest {
         }
     }
 
+    /// What would keep a file from being published at `rel`: a file or symlink where one of its
+    /// directories should be, or a directory at its name.
+    pub(crate) fn check_in_the_way(&self, rel: &RelPath) -> io::Result<()> {
+        match self.open_parent(rel, false)? {
+            Some(dir) if dir.is_dir(rel.file_name())? => Err(directory_in_the_way(rel.file_name())),
+            _ => Ok(()),
+        }
+    }
+
     /// Whether `rel`'s `.NAME.partial` exists (as anything).
     pub(crate) fn has_partial(&self, rel: &RelPath) -> io::Result<bool> {
         let Some(dir) = self.open_parent(rel, false)? else {
@@ -243,14 +252,16 @@ pub(crate) fn write_error(err: io::Error, file: &File) -> WriteError {
 pub(crate) fn publish(dir: &Dir, partial: &str, name: &str) -> io::Result<()> {
     dir.rename(partial, name)
         .map_err(|err| match err.raw_os_error() {
-            Some(libc::EISDIR | libc::ENOTEMPTY | libc::EEXIST) => io::Error::new(
-                err.kind(),
-                format!(
-                    "a directory named {name:?} is in the way (another key uses it as a prefix)"
-                ),
-            ),
+            Some(libc::EISDIR | libc::ENOTEMPTY | libc::EEXIST) => directory_in_the_way(name),
             _ => err,
         })
+}
+
+fn directory_in_the_way(name: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::IsADirectory,
+        format!("a directory named {name:?} is in the way (another key uses it as a prefix)"),
+    )
 }
 
 fn in_the_way(err: io::Error, segment: &str) -> io::Error {

@@ -368,15 +368,7 @@ fn lock_timeout_bounds_the_wait() {
 fn make_snapshot(server: &Server, prefix: &str) -> (tempfile::TempDir, PathBuf, serde_json::Value) {
     let dir = tempfile::tempdir().unwrap();
     let lock = dir.path().join("dataset.lock");
-    let url = format!("s3://{}/{prefix}", server.target.bucket);
-    let made = server.hydrator(&[
-        OsStr::new("snapshot"),
-        OsStr::new(&url),
-        OsStr::new("-o"),
-        lock.as_os_str(),
-    ]);
-    assert_eq!(code(&made), 0, "{}", text(&made));
-    let snapshot = serde_json::from_slice(&std::fs::read(&lock).unwrap()).unwrap();
+    let snapshot = server.snapshot(prefix, &lock);
     (dir, lock, snapshot)
 }
 

@@ -218,3 +218,60 @@ fn verify_repair_dry_run_names_what_the_repair_then_fetches_and_writes_nothing()
     assert_predicted(&dry, &real);
     assert_mirror(&dest, &expected);
 }
+
+#[test]
+fn a_dry_run_predicts_the_objects_a_directory_in_the_way_would_fail() {
+    let server = Server::local();
+    let prefix = "dry-in-the-way/";
+    server.seed(
+        prefix,
+        &files(&[("a.txt", content(140, 10)), ("b.txt", content(141, 20))]),
+    );
+    let (tmp, dest) = temp_dest();
+    std::fs::create_dir_all(dest.join("b.txt/inside")).unwrap();
+    let (_, dry) = dry_sync(&server, prefix, &dest, &tmp.path().join("dry.json"), &[]);
+    assert_eq!(dry["objects"]["failed"], 1, "{}", dry["objects"]);
+    assert_eq!(dry["result"], "failed");
+    let real = server.sync(prefix, &dest, &[]);
+    real.assert_code(1);
+    assert_predicted(&dry, real.report());
+}
+
+#[test]
+fn verify_repair_dry_run_of_a_snapshot_dest_does_not_take_the_ready_shortcut() {
+    let server = Server::local();
+    let prefix = "dry-snapshot/";
+    let expected = files(&[
+        ("a.bin", content(150, 2 * MIB)),
+        ("b.txt", content(151, 10)),
+    ]);
+    server.seed(prefix, &expected);
+    let (tmp, dest) = temp_dest();
+    let lock = tmp.path().join("dataset.lock");
+    server.snapshot(prefix, &lock);
+    let synced = server.hydrator(&[
+        OsStr::new("sync"),
+        OsStr::new("--snapshot"),
+        lock.as_os_str(),
+        dest.as_os_str(),
+    ]);
+    assert!(synced.status.success(), "{synced:?}");
+    corrupt_keeping_mtime(&dest.join("a.bin"), 7);
+
+    let verify = |extra: &str, report: &str| {
+        let mut args = vec![
+            OsStr::new("verify"),
+            dest.as_os_str(),
+            OsStr::new("--repair"),
+            OsStr::new("--snapshot"),
+            lock.as_os_str(),
+        ];
+        args.extend((!extra.is_empty()).then_some(OsStr::new(extra)));
+        run_with_report(&server, &args, &tmp.path().join(report))
+    };
+    let (_, dry) = verify("--dry-run", "dry.json");
+    assert_eq!(dry["objects"]["downloaded"], 1, "{}", dry["objects"]);
+    let (_, real) = verify("", "real.json");
+    assert_predicted(&dry, &real);
+    assert_mirror(&dest, &expected);
+}

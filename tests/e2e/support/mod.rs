@@ -320,6 +320,19 @@ impl Server {
         command
     }
 
+    /// Runs `hydrator snapshot s3://BUCKET/PREFIX -o FILE`, which must succeed; the snapshot.
+    pub fn snapshot(&self, prefix: &str, file: &Path) -> serde_json::Value {
+        let url = format!("s3://{}/{prefix}", self.target.bucket);
+        let made = self.hydrator(&[
+            std::ffi::OsStr::new("snapshot"),
+            std::ffi::OsStr::new(&url),
+            std::ffi::OsStr::new("-o"),
+            file.as_os_str(),
+        ]);
+        assert!(made.status.success(), "{made:?}");
+        serde_json::from_slice(&std::fs::read(file).unwrap()).unwrap()
+    }
+
     /// Runs `hydrator sync s3://BUCKET/PREFIX DEST ARGS...` against this server.
     pub fn sync(&self, prefix: &str, dest: &Path, args: &[&str]) -> Run {
         let url = format!("s3://{}/{}", self.target.bucket, prefix);
