@@ -15,10 +15,12 @@ use std::time::Instant;
 use tokio::sync::watch;
 
 use super::object::{published, resumable, still_on_disk};
-use super::run::{snapshot_already_there, stopped, summarize, Hooks, Outcome, Tally};
+use super::run::{
+    dest_unusable, report_sink, snapshot_already_there, stopped, summarize, Hooks, Outcome, Tally,
+};
 use super::stats::Stats;
 use crate::config::SyncConfig;
-use crate::error::{Exit, IoContext, LocalError, SyncError, UsageError};
+use crate::error::{Exit, IoContext, LocalError, SyncError};
 use crate::manifest::base::Cursor;
 use crate::manifest::journal::SourceInfo;
 use crate::manifest::listed::{ListedKeys, ListedReader};
@@ -27,7 +29,7 @@ use crate::manifest::{lock, ObjectState};
 use crate::plan::filter::KeyFilter;
 use crate::plan::keys::{RelPath, STATE_DIR};
 use crate::plan::parts::part_ranges;
-use crate::report::{FileRecord, FileStatus, ReportSink};
+use crate::report::{FileRecord, FileStatus};
 use crate::snapshot;
 use crate::source::client;
 use crate::source::list::{self, ObjectEntry};
@@ -45,12 +47,7 @@ pub(super) async fn run(
 ) -> Result<Outcome, SyncError> {
     let started = Instant::now();
     let filter = KeyFilter::new(&cfg.include, &cfg.exclude)?;
-    let dest = Dest::open_existing(&cfg.dest).map_err(|err| {
-        UsageError::new(format!(
-            "cannot open destination {}: {err}",
-            cfg.dest.display()
-        ))
-    })?;
+    let dest = Dest::open_existing(&cfg.dest).map_err(|err| dest_unusable(cfg, err))?;
     let state_path = cfg.dest.join(STATE_DIR);
     let state_dir = match &dest {
         Some(dest) => dest.existing_state_dir().local("opening", &state_path)?,
@@ -81,12 +78,7 @@ pub(super) async fn run(
             .local("reading the manifest in", &state_path)?,
         None => Cursor::new(None),
     };
-    let mut sink = ReportSink::new(cfg.report.as_deref()).map_err(|err| {
-        UsageError::new(format!(
-            "cannot write the report next to {:?}: {err}",
-            cfg.report
-        ))
-    })?;
+    let mut sink = report_sink(cfg)?;
     let source = match hooks.source {
         Some(source) => source,
         None => std::sync::Arc::new(S3Source::new(
@@ -222,17 +214,18 @@ impl Plan<'_> {
         rel: &RelPath,
         stats: &Stats,
     ) -> Result<FileRecord, Verdict> {
-        let state_path = self.cfg.dest.join(STATE_DIR);
         if let Some(listed) = &mut self.listed {
             listed.push(&entry.key).map_err(|err| {
-                Verdict::Fatal(LocalError::new("spooling keys for", &state_path, err))
+                let spool = std::env::temp_dir();
+                Verdict::Fatal(LocalError::new("spooling keys in", spool, err))
             })?;
         }
         let known = self
             .base
             .take(&entry.key)
             .map_err(|err| {
-                Verdict::Fatal(LocalError::new("reading the manifest in", &state_path, err))
+                let state_path = self.cfg.dest.join(STATE_DIR);
+                Verdict::Fatal(LocalError::new("reading the manifest in", state_path, err))
             })?
             .filter(|_| !self.forgotten.contains(&entry.key));
         let record = |status, blake3: Option<[u8; 32]>| FileRecord {

@@ -164,12 +164,7 @@ async fn prepare(
     started: Instant,
 ) -> Result<Start, SyncError> {
     let filter = KeyFilter::new(&cfg.include, &cfg.exclude)?;
-    let dest = Dest::open(&cfg.dest).map_err(|err| {
-        UsageError::new(format!(
-            "cannot open destination {}: {err}",
-            cfg.dest.display()
-        ))
-    })?;
+    let dest = Dest::open(&cfg.dest).map_err(|err| dest_unusable(cfg, err))?;
     let state_dir = dest.state_dir().map_err(|err| {
         UsageError::new(format!(
             "cannot use {}/.hydrator: {err}",
@@ -184,12 +179,7 @@ async fn prepare(
     if let Some(outcome) = snapshot_already_there(cfg, &state_dir, started) {
         return Ok(Start::AlreadyThere(outcome));
     }
-    let sink = ReportSink::new(cfg.report.as_deref()).map_err(|err| {
-        UsageError::new(format!(
-            "cannot write the report next to {:?}: {err}",
-            cfg.report
-        ))
-    })?;
+    let sink = report_sink(cfg)?;
     let writers = Writers::start(cfg.io_backend)?;
     let manifest = state_dir
         .try_clone()
@@ -450,6 +440,24 @@ async fn finish(cfg: &SyncConfig, run: Prepared, mirrored: Mirrored, started: In
             }
         }
     }
+}
+
+/// The error for a DEST that cannot be opened.
+pub(super) fn dest_unusable(cfg: &SyncConfig, err: std::io::Error) -> UsageError {
+    UsageError::new(format!(
+        "cannot open destination {}: {err}",
+        cfg.dest.display()
+    ))
+}
+
+/// The sink for `--report` (or none).
+pub(super) fn report_sink(cfg: &SyncConfig) -> Result<ReportSink, UsageError> {
+    ReportSink::new(cfg.report.as_deref()).map_err(|err| {
+        UsageError::new(format!(
+            "cannot write the report next to {:?}: {err}",
+            cfg.report
+        ))
+    })
 }
 
 /// Resolves once `stop` says so; never without a stop signal.

@@ -372,6 +372,20 @@ fn make_snapshot(server: &Server, prefix: &str) -> (tempfile::TempDir, PathBuf, 
     (dir, lock, snapshot)
 }
 
+/// `hydrator sync --snapshot LOCK DEST ARGS... --progress none`.
+fn sync_snapshot(server: &Server, lock: &Path, dest: &Path, args: &[&str]) -> Output {
+    let mut all = vec![
+        OsStr::new("sync"),
+        OsStr::new("--snapshot"),
+        lock.as_os_str(),
+        dest.as_os_str(),
+        OsStr::new("--progress"),
+        OsStr::new("none"),
+    ];
+    all.extend(args.iter().map(OsStr::new));
+    server.hydrator(&all)
+}
+
 fn check_snapshot(server: &Server, prefix: &str) {
     let expected = files(&[
         ("m.bin", content(140, 2 * MIB + 3)),
@@ -382,16 +396,7 @@ fn check_snapshot(server: &Server, prefix: &str) {
     assert_eq!(snapshot["objects"], 2);
 
     let dest = dir.path().join("dest");
-    let sync = |dest: &Path| {
-        server.hydrator(&[
-            OsStr::new("sync"),
-            OsStr::new("--snapshot"),
-            lock.as_os_str(),
-            dest.as_os_str(),
-            OsStr::new("--progress"),
-            OsStr::new("none"),
-        ])
-    };
+    let sync = |dest: &Path| sync_snapshot(server, &lock, dest, &[]);
     let first = sync(&dest);
     assert_eq!(code(&first), 0, "{}", text(&first));
     assert_mirror(&dest, &expected);
@@ -474,14 +479,7 @@ fn snapshot_of_a_versioned_bucket_pins_versions() {
     assert_eq!(versions.len(), 2);
     assert!(versions.iter().all(|v| v.starts_with('v')), "{versions:?}");
 
-    let sync = |dest: &Path| {
-        server.hydrator(&[
-            OsStr::new("sync"),
-            OsStr::new("--snapshot"),
-            lock.as_os_str(),
-            dest.as_os_str(),
-        ])
-    };
+    let sync = |dest: &Path| sync_snapshot(&server, &lock, dest, &[]);
     let dest = dir.path().join("dest");
     let first = sync(&dest);
     assert_eq!(code(&first), 0, "{}", text(&first));
@@ -533,18 +531,7 @@ fn a_snapshot_on_moto_hydrates_pinned_versions_after_overwrites_and_deletes() {
         let deleted = server.client.delete_object().bucket(&server.target.bucket);
         deleted.key("pinned/b.txt").send().await.unwrap();
     });
-    let sync = |dest: &Path| {
-        server.hydrator(&[
-            OsStr::new("sync"),
-            OsStr::new("--snapshot"),
-            lock.as_os_str(),
-            dest.as_os_str(),
-            OsStr::new("--part-size"),
-            OsStr::new("1MiB"),
-            OsStr::new("--progress"),
-            OsStr::new("none"),
-        ])
-    };
+    let sync = |dest: &Path| sync_snapshot(&server, &lock, dest, &["--part-size", "1MiB"]);
     let dest = dir.path().join("dest");
     let hydrated = sync(&dest);
     assert_eq!(code(&hydrated), 0, "{}", text(&hydrated));

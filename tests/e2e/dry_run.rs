@@ -84,6 +84,22 @@ fn dry_sync(
     (String::from_utf8_lossy(&output.stdout).into_owned(), report)
 }
 
+/// `hydrator verify DEST --repair ARGS...` with a report.
+fn verify_repair(
+    server: &Server,
+    dest: &Path,
+    args: &[&str],
+    report: &Path,
+) -> (Output, serde_json::Value) {
+    let mut all = vec![
+        OsStr::new("verify"),
+        dest.as_os_str(),
+        OsStr::new("--repair"),
+    ];
+    all.extend(args.iter().map(OsStr::new));
+    run_with_report(server, &all, report)
+}
+
 /// The dry run's counts are the real run's.
 fn assert_predicted(dry: &serde_json::Value, real: &serde_json::Value) {
     assert_eq!(
@@ -197,16 +213,10 @@ fn verify_repair_dry_run_names_what_the_repair_then_fetches_and_writes_nothing()
     std::fs::remove_file(dest.join("c")).unwrap();
 
     let before = tree_state(&dest);
-    let verify = |extra: &str, report: &str| {
-        let mut args = vec![
-            OsStr::new("verify"),
-            dest.as_os_str(),
-            OsStr::new("--repair"),
-        ];
-        args.extend((!extra.is_empty()).then_some(OsStr::new(extra)));
-        run_with_report(&server, &args, &tmp.path().join(report))
+    let verify = |extra: &[&str], report: &str| {
+        verify_repair(&server, &dest, extra, &tmp.path().join(report))
     };
-    let (output, dry) = verify("--dry-run", "dry.json");
+    let (output, dry) = verify(&["--dry-run"], "dry.json");
     let said = String::from_utf8_lossy(&output.stdout);
     assert_eq!(tree_state(&dest), before, "the dry run changed DEST");
     assert!(
@@ -214,7 +224,7 @@ fn verify_repair_dry_run_names_what_the_repair_then_fetches_and_writes_nothing()
         "{said}"
     );
     assert_eq!(dry["objects"]["downloaded"], 2, "{}", dry["objects"]);
-    let (_, real) = verify("", "real.json");
+    let (_, real) = verify(&[], "real.json");
     assert_predicted(&dry, &real);
     assert_mirror(&dest, &expected);
 }
@@ -258,20 +268,14 @@ fn verify_repair_dry_run_of_a_snapshot_dest_does_not_take_the_ready_shortcut() {
     assert!(synced.status.success(), "{synced:?}");
     corrupt_keeping_mtime(&dest.join("a.bin"), 7);
 
-    let verify = |extra: &str, report: &str| {
-        let mut args = vec![
-            OsStr::new("verify"),
-            dest.as_os_str(),
-            OsStr::new("--repair"),
-            OsStr::new("--snapshot"),
-            lock.as_os_str(),
-        ];
-        args.extend((!extra.is_empty()).then_some(OsStr::new(extra)));
-        run_with_report(&server, &args, &tmp.path().join(report))
+    let lock = lock.to_str().unwrap();
+    let verify = |extra: &[&str], report: &str| {
+        let args = [&["--snapshot", lock], extra].concat();
+        verify_repair(&server, &dest, &args, &tmp.path().join(report))
     };
-    let (_, dry) = verify("--dry-run", "dry.json");
+    let (_, dry) = verify(&["--dry-run"], "dry.json");
     assert_eq!(dry["objects"]["downloaded"], 1, "{}", dry["objects"]);
-    let (_, real) = verify("", "real.json");
+    let (_, real) = verify(&[], "real.json");
     assert_predicted(&dry, &real);
     assert_mirror(&dest, &expected);
 }

@@ -6,39 +6,32 @@
 /// (skipped where Garage is neither installed nor required), each running `CHECK(&server[,
 /// PREFIX])`.
 macro_rules! on_both_servers {
+    (@tests $check:ident $(, $prefix:expr)?) => {
+        #[test]
+        fn local() {
+            super::$check(&crate::support::Server::local() $(, $prefix)?);
+        }
+
+        #[test]
+        fn garage() {
+            if let Some(server) = crate::support::Server::garage() {
+                super::$check(&server $(, $prefix)?);
+            }
+        }
+    };
     ($name:ident, $check:ident $(, $prefix:expr)?) => {
         mod $name {
-            #[test]
-            fn local() {
-                super::$check(&crate::support::Server::local() $(, $prefix)?);
-            }
-
-            #[test]
-            fn garage() {
-                if let Some(server) = crate::support::Server::garage() {
-                    super::$check(&server $(, $prefix)?);
-                }
-            }
+            on_both_servers!(@tests $check $(, $prefix)?);
         }
     };
 }
 
-/// The conformance checks: the tests of `on_both_servers!` and a third one, `moto` (a versioned bucket on
-/// moto's server, skipped where moto is neither installed nor required).
+/// The conformance checks: the tests of `on_both_servers!` and a third one, `moto` (a
+/// versioned bucket on moto's server, skipped where moto is neither installed nor required).
 macro_rules! on_every_server {
     ($name:ident, $check:ident $(, $prefix:expr)?) => {
         mod $name {
-            #[test]
-            fn local() {
-                super::$check(&crate::support::Server::local() $(, $prefix)?);
-            }
-
-            #[test]
-            fn garage() {
-                if let Some(server) = crate::support::Server::garage() {
-                    super::$check(&server $(, $prefix)?);
-                }
-            }
+            on_both_servers!(@tests $check $(, $prefix)?);
 
             #[test]
             fn moto() {
