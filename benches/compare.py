@@ -121,6 +121,10 @@ def ensure_tools(tools):
     log("building hydrator (release)")
     sh(["cargo", "build", "--release", "--locked", "--bin", "hydrator"], cwd=REPO)
     found["hydrator"] = str(REPO / "target/release/hydrator")
+    if "hydrator-base" in tools:
+        # Another build (e.g. the commit before a change), run side by side with this one.
+        found["hydrator-base"] = os.environ.get("HYDRATOR_BASE_BIN") or sys.exit(
+            "--tools hydrator-base needs HYDRATOR_BASE_BIN: the path of the other build")
     sh(["bash", str(REPO / "tests/install-garage.sh")], stdout=subprocess.DEVNULL)
     found["garage"] = (
         os.environ.get("HYDRATOR_GARAGE_BIN")
@@ -345,6 +349,9 @@ def command(tool, tools, workload, dest, warm, snapshot):
         return base + [source, str(dest), "--progress", "none"]
     if tool == "hydrator-direct":
         return command("hydrator", tools, workload, dest, warm, snapshot) + ["--direct-io"]
+    if tool == "hydrator-base":
+        base_tools = dict(tools, hydrator=tools["hydrator-base"])
+        return command("hydrator", base_tools, workload, dest, warm, snapshot)
     if tool == "s5cmd":
         verb = "sync" if warm else "cp"
         return [tools["s5cmd"], "--log", "error", verb, f"{source}*", f"{dest}/"]
@@ -573,7 +580,7 @@ def touch_page_cache(work, size):
 def run_matrix(args, tools, garage, work):
     env = s3_env(garage.endpoint)
     env_hydrator = dict(env, HYDRATOR_PATH_STYLE="true")
-    hydrators = ("hydrator", "hydrator-direct")
+    hydrators = ("hydrator", "hydrator-direct", "hydrator-base")
     results = {}  # (workload, tool) -> Cell
     log_path = work / "runs.log"
     snapshot = work / "w3.snapshot"
@@ -607,7 +614,7 @@ def run_matrix(args, tools, garage, work):
                 log(f"round {round_no + 1} {wname} {tool}: {run.wall:.2f} s, cpu {run.cpu:.2f} s, "
                     f"rss {run.rss_kib / 1024:.0f} MiB{'' if run.ok else ' FAILED ' + run.note}")
                 sh(["sync"])
-                warm = tool not in ("ceiling", "s5cmd+sync", "hydrator-direct")
+                warm = tool not in ("ceiling", "s5cmd+sync", "hydrator-direct", "hydrator-base")
                 if wname == "W3" and "W4" in args.workloads and warm and run.ok:
                     warm_runs(tool, tools, dest, garage, env, env_hydrator, log_path, snapshot,
                               results, round_no, args.limit)
