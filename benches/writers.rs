@@ -1,6 +1,5 @@
-//! Each writer backend writing a real 64 MiB file in 1 MiB writes, as a run does: buffered from
-//! received chunks (vectored), and with O_DIRECT from aligned pooled buffers, in a temporary
-//! directory (`TMPDIR` chooses the filesystem).
+//! Each writer backend writing a real 64 MiB file in 1 MiB pooled buffers, buffered and with
+//! O_DIRECT, in a temporary directory (`TMPDIR` chooses the filesystem).
 
 use std::fs::File;
 use std::os::unix::fs::OpenOptionsExt;
@@ -9,7 +8,7 @@ use std::sync::Arc;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use hydrator::config::IoBackendChoice;
 use hydrator::write::buffer::BufferPool;
-use hydrator::write::{WriteBuf, WriteJob, Writers};
+use hydrator::write::{WriteJob, Writers};
 use tokio::sync::oneshot;
 
 const FILE: usize = 64 << 20;
@@ -28,22 +27,12 @@ fn write_file(
     }
     let file = Arc::new(options.open(path).expect("open the bench file"));
     let pool = BufferPool::new(32, BUFFER);
-    let block = bytes::Bytes::from(vec![0x5au8; BUFFER]);
+    let block = vec![0x5au8; BUFFER];
     runtime.block_on(async {
         let mut waits = Vec::with_capacity(FILE / BUFFER);
         for i in 0..FILE / BUFFER {
-            let buf = if direct {
-                let mut buf = pool.acquire().await;
-                buf.fill_from(&block);
-                WriteBuf::Aligned(buf)
-            } else {
-                // As received: 64 KiB chunks of one shared allocation.
-                let mut list = pool.acquire_chunks(BUFFER as u64).await;
-                for start in (0..BUFFER).step_by(64 << 10) {
-                    list.take_from(block.slice(start..start + (64 << 10)));
-                }
-                WriteBuf::Chunks(list)
-            };
+            let mut buf = pool.acquire().await;
+            buf.fill_from(&block);
             let (done, wait) = oneshot::channel();
             writers.writer.submit(WriteJob {
                 file: file.clone(),

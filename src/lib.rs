@@ -3,10 +3,9 @@
 //!
 //! Data flow: `source::list` streams the listing page by page → `plan` maps each key to a safe
 //! path and skips what DEST already holds → `engine` fetches parts as concurrent ranged GETs
-//! pinned to the listing's ETag, hashing each body with BLAKE3 chunk by chunk as it arrives →
-//! `write` hands the received chunks (aligned copies under O_DIRECT) to writer threads
-//! (io_uring or pwrite) and publishes whole files atomically in durable batches → `report`
-//! says what happened.
+//! pinned to the listing's ETag, hashing each body with BLAKE3 as it is copied into a pooled
+//! buffer → `write` hands buffers to writer threads (io_uring or pwrite) and publishes whole
+//! files atomically in durable batches → `report` says what happened.
 
 pub mod cli;
 pub mod commands;
@@ -21,7 +20,6 @@ pub mod error;
 pub(crate) mod fs;
 pub mod hash;
 pub(crate) mod lease;
-pub mod malloc;
 pub(crate) mod manifest;
 pub(crate) mod plan;
 pub(crate) mod report;

@@ -7,7 +7,6 @@ use hydrator::cli::{Cli, LogFormat};
 use hydrator::error::Exit;
 
 fn main() -> ExitCode {
-    hydrator::malloc::tune_for_streaming();
     let cli = Cli::parse();
     init_logging(cli.verbose, cli.quiet, cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()

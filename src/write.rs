@@ -24,59 +24,19 @@ use std::fs::File;
 use std::io;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use tokio::sync::oneshot;
 
-use buffer::{ChunkList, PooledBuf};
+use buffer::PooledBuf;
 
 use crate::config::IoBackendChoice;
 use crate::error::UsageError;
 
-/// One positional write into an open file.
+/// One positional write of a pooled buffer into an open file.
 pub struct WriteJob {
     pub file: Arc<File>,
     pub offset: u64,
-    pub buf: WriteBuf,
+    pub buf: PooledBuf,
     pub done: oneshot::Sender<io::Result<()>>,
-}
-
-/// The bytes of one write, under one pool permit (see [`buffer`]).
-pub enum WriteBuf {
-    /// Copied into an aligned buffer, as O_DIRECT needs.
-    Aligned(PooledBuf),
-    /// The received chunks themselves, for buffered writes.
-    Chunks(ChunkList),
-}
-
-impl WriteBuf {
-    /// Takes as much of `data` as fits and returns the rest.
-    pub fn take_from(&mut self, data: Bytes) -> Bytes {
-        match self {
-            WriteBuf::Aligned(buf) => {
-                let taken = buf.fill_from(&data);
-                data.slice(taken..)
-            }
-            WriteBuf::Chunks(list) => list.take_from(data),
-        }
-    }
-
-    pub fn len(&self) -> usize {
-        match self {
-            WriteBuf::Aligned(buf) => buf.len(),
-            WriteBuf::Chunks(list) => list.len(),
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    pub(crate) fn is_full(&self) -> bool {
-        match self {
-            WriteBuf::Aligned(buf) => buf.is_full(),
-            WriteBuf::Chunks(list) => list.is_full(),
-        }
-    }
 }
 
 /// A set of writer threads.
@@ -150,9 +110,7 @@ mod tests {
     use crate::write::buffer::BufferPool;
     use std::os::unix::fs::FileExt;
 
-    /// Writes a pattern in 8 KiB writes, out of order; `gathered` hands each write over as
-    /// uneven received chunks instead of an aligned copy.
-    async fn write_pattern(writers: &Writers, path: &std::path::Path, gathered: bool) -> Vec<u8> {
+    async fn write_pattern(writers: &Writers, path: &std::path::Path) -> Vec<u8> {
         let file = Arc::new(
             File::options()
                 .create_new(true)
@@ -169,20 +127,8 @@ mod tests {
             chunk
                 .iter_mut()
                 .for_each(|b| *b = (i as u8).wrapping_mul(37).wrapping_add(1));
-            let buf = if gathered {
-                let mut list = pool.acquire_chunks(chunk.len() as u64).await;
-                let mut rest = Bytes::copy_from_slice(chunk);
-                for piece in [1000, 3000, usize::MAX] {
-                    let piece = rest.split_to(piece.min(rest.len()));
-                    assert!(list.take_from(piece).is_empty());
-                }
-                WriteBuf::Chunks(list)
-            } else {
-                let mut buf = pool.acquire().await;
-                buf.fill_from(chunk);
-                WriteBuf::Aligned(buf)
-            };
-            assert_eq!(buf.len(), chunk.len());
+            let mut buf = pool.acquire().await;
+            buf.fill_from(chunk);
             let (done, wait) = oneshot::channel();
             let offset = (i * 8192) as u64;
             writers.writer.submit(WriteJob {
@@ -203,19 +149,13 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn both_backends_write_identical_files_from_both_buffer_forms() {
+    async fn both_backends_write_identical_files() {
         let dir = tempfile::tempdir().unwrap();
         let pwrite = Writers::start(IoBackendChoice::Pwrite).unwrap();
         assert_eq!(pwrite.backend, Backend::Pwrite);
+        let a = write_pattern(&pwrite, &dir.path().join("a")).await;
         let auto = Writers::start(IoBackendChoice::Auto).unwrap();
-        let reference = write_pattern(&pwrite, &dir.path().join("a"), false).await;
-        for (name, writers, gathered) in [
-            ("b", &pwrite, true),
-            ("c", &auto, false),
-            ("d", &auto, true),
-        ] {
-            let written = write_pattern(writers, &dir.path().join(name), gathered).await;
-            assert_eq!(written, reference, "{name}");
-        }
+        let b = write_pattern(&auto, &dir.path().join("b")).await;
+        assert_eq!(a, b);
     }
 }

@@ -1,7 +1,5 @@
-//! One part: a ranged GET hashed chunk by chunk as it arrives (BLAKE3, and the CRC when the
-//! object has one), while the bytes are still in cache, and handed to the writers in pooled
-//! write buffers; retried with backoff when the body breaks (the SDK retries only up to the
-//! response headers).
+//! One part: a ranged GET streamed into pooled buffers while BLAKE3 hashes it, retried with
+//! backoff when the body breaks (the SDK retries only up to the response headers).
 
 use std::fs::File;
 use std::ops::Range;
@@ -19,8 +17,9 @@ use crate::hash::{PartDigest, PartHasher};
 use crate::source::checksum::Algorithm;
 use crate::source::errors::describe_chain;
 use crate::source::fetch::{get_range, PinnedObject};
+use crate::write::buffer::PooledBuf;
 use crate::write::dest;
-use crate::write::{WriteBuf, WriteJob};
+use crate::write::WriteJob;
 
 /// Attempts per part for errors the SDK does not retry (body truncation, stall, reset).
 pub(super) const MAX_PART_ATTEMPTS: u32 = 6;
@@ -111,7 +110,7 @@ pub(crate) async fn fetch_part(
     stream.finish(&ctx, &target, result).await
 }
 
-/// A part's progress: the bytes accepted and hashed so far, and handed to writers.
+/// A part's progress: the bytes accepted so far, hashed and handed to writers.
 struct PartStream {
     file: Arc<File>,
     sums: PartSums,
@@ -122,7 +121,7 @@ struct PartStream {
     offset: u64,
     /// Taken from the pool only when bytes arrive, and handed on as soon as it is full: a part
     /// never holds a full buffer while waiting for an empty one (that could starve the pool).
-    buf: Option<WriteBuf>,
+    buf: Option<PooledBuf>,
 }
 
 impl PartStream {
@@ -196,14 +195,18 @@ impl PartStream {
                 }
                 .into());
             }
-            self.sums.update(&chunk);
-            let mut rest = chunk;
-            while !rest.is_empty() {
+            let mut data = &chunk[..];
+            while !data.is_empty() {
                 let filling = match &mut self.buf {
                     Some(filling) => filling,
-                    None => self.buf.insert(self.acquire(ctx, target).await),
+                    None => self.buf.insert(
+                        ctx.fetch
+                            .pool
+                            .acquire_for(target.range.end - self.offset)
+                            .await,
+                    ),
                 };
-                rest = filling.take_from(rest);
+                data = &data[filling.fill_from(data)..];
                 if filling.is_full() {
                     let full = self.buf.take().expect("just filled");
                     self.submit(ctx, full, false);
@@ -212,23 +215,12 @@ impl PartStream {
         }
     }
 
-    /// Waits for a write buffer for the rest of the part: the received chunks themselves for
-    /// buffered writes, an aligned copy for O_DIRECT.
-    async fn acquire(&self, ctx: &Ctx, target: &PartTarget) -> WriteBuf {
-        let remaining = target.range.end - self.offset;
-        let pool = &ctx.fetch.pool;
-        if ctx.write.direct_io {
-            WriteBuf::Aligned(pool.acquire_for(remaining).await)
-        } else {
-            WriteBuf::Chunks(pool.acquire_chunks(remaining).await)
-        }
-    }
-
-    /// Hands `buf` to a writer.
-    fn submit(&mut self, ctx: &Ctx, mut buf: WriteBuf, pad: bool) {
+    /// Hashes `buf` and hands it to a writer.
+    fn submit(&mut self, ctx: &Ctx, mut buf: PooledBuf, pad: bool) {
+        self.sums.update(buf.as_slice());
         let len = buf.len() as u64;
-        if let (true, WriteBuf::Aligned(aligned)) = (pad, &mut buf) {
-            aligned.pad_for_direct_io();
+        if pad {
+            buf.pad_for_direct_io();
         }
         let (done, wait) = oneshot::channel();
         ctx.write.writers.writer.submit(WriteJob {

@@ -1,29 +1,18 @@
-//! Bytes in flight to the disk, bounded by a pool of permits: a GET that finds no free permit
-//! waits, so a slow disk slows the network instead of growing memory. A permit stands for one
-//! buffer's worth of bytes, held in one of two forms:
-//! - [`ChunkList`], for buffered writes: the chunks as the HTTP client received them, written
-//!   with one vectored write. Nothing is copied: copying every byte into a buffer of ours cost
-//!   a tenth of the CPU on large objects. The chunks keep the client's read buffers (hyper:
-//!   ≤ 408 KiB each) alive until written, so a permit pins at most its bytes plus the rest of
-//!   the two read buffers its first and last chunks were cut from.
-//! - [`PooledBuf`], 4 KiB-aligned, for O_DIRECT, which needs aligned memory: the bytes are
-//!   copied in. A part smaller than a buffer gets a buffer of its own size (still under a
-//!   permit, not recycled): 50 tiny objects in flight held 50 MiB of full-size buffers before.
+//! Pooled, 4 KiB-aligned write buffers. The pool is the bound on data in flight: a GET that
+//! finds no free buffer waits, so a slow disk slows the network instead of growing memory.
+//! A part smaller than a buffer gets a buffer of its own size (still under a pool permit, not
+//! recycled): 50 tiny objects in flight held 50 MiB of full-size buffers before.
 
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
-use bytes::{Buf, Bytes};
 use tokio::sync::Semaphore;
 
 /// Alignment that O_DIRECT needs for buffers, offsets and lengths on common filesystems.
 pub(crate) const DIRECT_IO_ALIGN: usize = 4096;
 /// Size of one pooled write buffer. Parts stream through several of these.
 pub(crate) const WRITE_BUFFER_SIZE: usize = 1 << 20;
-/// Chunks in one vectored write, far below the kernel's `IOV_MAX` (1024): a server that
-/// trickles tiny chunks gets more writes, not longer ones.
-const MAX_CHUNKS: usize = 64;
 
 /// A fixed-capacity byte buffer aligned to `DIRECT_IO_ALIGN`.
 struct AlignedBuf {
@@ -92,41 +81,29 @@ impl BufferPool {
         if remaining >= size as u64 {
             return self.acquire().await;
         }
-        let permit = self.permit().await;
+        self.permit().await;
         let capacity = (remaining as usize)
             .max(1)
             .next_multiple_of(DIRECT_IO_ALIGN);
         PooledBuf {
             buf: Some(AlignedBuf::new(capacity)),
-            permit,
+            pool: self.inner.clone(),
             recycle: false,
         }
     }
 
-    async fn permit(&self) -> Permit {
+    async fn permit(&self) {
         self.inner
             .permits
             .acquire()
             .await
             .expect("the pool semaphore is never closed")
             .forget();
-        Permit(self.inner.clone())
-    }
-
-    /// Waits for a permit to gather up to a buffer's worth of the `remaining` bytes of a part.
-    pub async fn acquire_chunks(&self, remaining: u64) -> ChunkList {
-        let permit = self.permit().await;
-        ChunkList {
-            chunks: Vec::new(),
-            len: 0,
-            capacity: remaining.min(self.inner.buffer_size as u64) as usize,
-            permit,
-        }
     }
 
     /// Waits for a free full-size buffer.
     pub async fn acquire(&self) -> PooledBuf {
-        let permit = self.permit().await;
+        self.permit().await;
         let buf = self
             .inner
             .free
@@ -136,76 +113,16 @@ impl BufferPool {
             .unwrap_or_else(|| AlignedBuf::new(self.inner.buffer_size));
         PooledBuf {
             buf: Some(buf),
-            permit,
+            pool: self.inner.clone(),
             recycle: true,
         }
-    }
-}
-
-/// One buffer's worth of bytes in flight; given back to the pool when dropped.
-pub struct Permit(Arc<PoolInner>);
-
-impl Drop for Permit {
-    fn drop(&mut self) {
-        self.0.permits.add_permits(1);
-    }
-}
-
-/// Received chunks on their way to one vectored write, under one permit.
-pub struct ChunkList {
-    chunks: Vec<Bytes>,
-    len: usize,
-    capacity: usize,
-    permit: Permit,
-}
-
-impl ChunkList {
-    /// Keeps as much of `data` as fits, without copying it, and returns the rest.
-    pub fn take_from(&mut self, mut data: Bytes) -> Bytes {
-        let rest = data.split_off(data.len().min(self.capacity - self.len));
-        if !data.is_empty() {
-            self.len += data.len();
-            self.chunks.push(data);
-        }
-        rest
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
-    pub(crate) fn is_full(&self) -> bool {
-        self.len == self.capacity || self.chunks.len() == MAX_CHUNKS
-    }
-
-    /// The chunks to write, and the permit to drop once they are written.
-    pub(crate) fn into_parts(self) -> (Vec<Bytes>, Permit) {
-        (self.chunks, self.permit)
-    }
-}
-
-/// Drops the first `written` bytes of `chunks`, after a write that took only part of them.
-pub(crate) fn consume(chunks: &mut Vec<Bytes>, mut written: usize) {
-    let done = chunks
-        .iter()
-        .take_while(|chunk| {
-            let whole = written >= chunk.len();
-            if whole {
-                written -= chunk.len();
-            }
-            whole
-        })
-        .count();
-    chunks.drain(..done);
-    if let Some(first) = chunks.first_mut() {
-        first.advance(written);
     }
 }
 
 /// A buffer on loan from the pool; it goes back when dropped (after its write).
 pub struct PooledBuf {
     buf: Option<AlignedBuf>,
-    permit: Permit,
+    pool: Arc<PoolInner>,
     /// Full-size buffers go back to the free list; exact-size ones are freed.
     recycle: bool,
 }
@@ -253,11 +170,13 @@ impl PooledBuf {
 }
 
 impl Drop for PooledBuf {
-    /// Recycles the buffer before the permit (a field, dropped after this) lets the next one in.
     fn drop(&mut self) {
-        if let Some(mut buf) = self.buf.take().filter(|_| self.recycle) {
-            buf.len = 0;
-            self.permit.0.free.lock().expect("pool lock").push(buf);
+        if let Some(mut buf) = self.buf.take() {
+            if self.recycle {
+                buf.len = 0;
+                self.pool.free.lock().expect("pool lock").push(buf);
+            }
+            self.pool.permits.add_permits(1);
         }
     }
 }
@@ -315,44 +234,6 @@ mod tests {
         drop(small);
         assert!(pool.inner.free.lock().unwrap().is_empty(), "not recycled");
         assert_eq!(pool.acquire_for(8192).await.fill_from(&[0u8; 9000]), 8192);
-    }
-
-    #[tokio::test]
-    async fn chunk_lists_take_without_copying_and_hold_a_permit() {
-        let pool = BufferPool::new(1, 8192);
-        let mut list = pool.acquire_chunks(10_000).await;
-        let data = Bytes::from(vec![9u8; 6000]);
-        let address = data.as_ptr();
-        assert!(list.take_from(data).is_empty());
-        let rest = list.take_from(Bytes::from(vec![8u8; 6000]));
-        assert_eq!((list.len(), rest.len()), (8192, 3808), "capped at a buffer");
-        assert!(list.is_full());
-        let (chunks, permit) = list.into_parts();
-        assert_eq!(chunks[0].as_ptr(), address, "not copied");
-        let second = tokio::time::timeout(std::time::Duration::from_millis(50), pool.acquire());
-        assert!(second.await.is_err(), "the list holds the only permit");
-        drop(permit);
-        let mut last = pool.acquire_chunks(100).await;
-        assert_eq!(
-            last.take_from(rest).len(),
-            3708,
-            "only what the part has left"
-        );
-    }
-
-    #[test]
-    fn consume_drops_written_bytes_across_chunks() {
-        let mut chunks = vec![
-            Bytes::from_static(b"abc"),
-            Bytes::from_static(b"defg"),
-            Bytes::from_static(b"hi"),
-        ];
-        consume(&mut chunks, 5);
-        assert_eq!(chunks, [&b"fg"[..], &b"hi"[..]]);
-        consume(&mut chunks, 2);
-        assert_eq!(chunks, [&b"hi"[..]]);
-        consume(&mut chunks, 2);
-        assert!(chunks.is_empty());
     }
 
     #[tokio::test]

@@ -1,16 +1,12 @@
 //! Positional `pwrite` on a few blocking threads: works everywhere, including under seccomp
 //! profiles that refuse io_uring.
 
-use std::fs::File;
-use std::io::{self, IoSlice};
 use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use super::buffer::consume;
-use super::{WriteBuf, WriteJob, Writer};
+use super::{WriteJob, Writer};
 
 /// Threads blocked in `pwrite` at once; enough to keep an NVMe queue busy with buffered writes.
 const THREADS: usize = 4;
@@ -30,36 +26,14 @@ impl PwriteWriter {
                 .spawn(move || loop {
                     let job = rx.lock().expect("writer queue lock").blocking_recv();
                     let Some(job) = job else { return };
-                    let result = match job.buf {
-                        WriteBuf::Aligned(buf) => job.file.write_all_at(buf.as_slice(), job.offset),
-                        WriteBuf::Chunks(list) => {
-                            let (chunks, _permit) = list.into_parts();
-                            write_all_vectored_at(&job.file, chunks, job.offset)
-                        }
-                    };
+                    let result = job.file.write_all_at(job.buf.as_slice(), job.offset);
+                    drop(job.buf);
                     let _ = job.done.send(result);
                 })
                 .expect("spawn a writer thread");
         }
         Self { tx }
     }
-}
-
-/// `pwritev` until every chunk is written.
-fn write_all_vectored_at(file: &File, mut chunks: Vec<Bytes>, mut offset: u64) -> io::Result<()> {
-    while !chunks.is_empty() {
-        let slices: Vec<IoSlice> = chunks.iter().map(|chunk| IoSlice::new(chunk)).collect();
-        match rustix::io::pwritev(file, &slices, offset) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(written) => {
-                offset += written as u64;
-                consume(&mut chunks, written);
-            }
-            Err(rustix::io::Errno::INTR) => {}
-            Err(err) => return Err(err.into()),
-        }
-    }
-    Ok(())
 }
 
 impl Writer for PwriteWriter {

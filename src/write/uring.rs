@@ -6,11 +6,9 @@
 
 use std::io;
 
-use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use super::buffer::consume;
-use super::{WriteBuf, WriteJob, Writer};
+use super::{WriteJob, Writer};
 
 pub(crate) struct UringWriter {
     tx: mpsc::UnboundedSender<WriteJob>,
@@ -60,39 +58,13 @@ async fn write(job: WriteJob) {
         // The ring needs a file it owns; a duplicate descriptor costs two cheap syscalls per
         // buffer, far below the cost of the write itself.
         let file = tokio_uring::fs::File::from_std(file.try_clone()?);
-        let written = match buf {
-            WriteBuf::Aligned(buf) => file.write_all_at(buf, offset).await.0,
-            WriteBuf::Chunks(list) => {
-                let (chunks, _permit) = list.into_parts();
-                writev_all_at(&file, chunks, offset).await
-            }
-        };
+        let (written, buf) = file.write_all_at(buf, offset).await;
+        drop(buf);
         written?;
         file.close().await
     }
     .await;
     let _ = done.send(result);
-}
-
-/// Vectored writes until every chunk is written. (tokio-uring's `writev_at_all` panics on a
-/// short write.)
-async fn writev_all_at(
-    file: &tokio_uring::fs::File,
-    mut chunks: Vec<Bytes>,
-    mut offset: u64,
-) -> io::Result<()> {
-    while !chunks.is_empty() {
-        let (result, back) = file.writev_at(chunks, offset).await;
-        chunks = back;
-        match result? {
-            0 => return Err(io::ErrorKind::WriteZero.into()),
-            written => {
-                offset += written as u64;
-                consume(&mut chunks, written);
-            }
-        }
-    }
-    Ok(())
 }
 
 impl Writer for UringWriter {
