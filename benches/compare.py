@@ -19,6 +19,12 @@ as an init container does; its peak charge (page cache included) and OOM kills a
 
     python3 benches/compare.py --origin --workloads W1,W3,W4 --tools hydrator,s5cmd
     python3 benches/compare.py --memory-limit 256M --workloads W1,W3 --tools hydrator,s5cmd
+
+The tool hydrator-base is another build of hydrator (HYDRATOR_BASE_BIN=PATH), run beside this
+one for before/after figures from the same run:
+
+    HYDRATOR_BASE_BIN=/tmp/hydrator-before python3 benches/compare.py --origin \
+        --workloads W1,W3 --tools hydrator,hydrator-base,s5cmd
 """
 
 import argparse
