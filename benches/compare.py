@@ -23,8 +23,7 @@ as an init container does; its peak charge (page cache included) and OOM kills a
 The tool hydrator-base is another build of hydrator (HYDRATOR_BASE_BIN=PATH), run beside this
 one for before/after figures from the same run:
 
-    HYDRATOR_BASE_BIN=/tmp/hydrator-before python3 benches/compare.py --origin \
-        --workloads W1,W3 --tools hydrator,hydrator-base,s5cmd
+    HYDRATOR_BASE_BIN=/tmp/before python3 benches/compare.py --origin --tools hydrator,hydrator-base
 """
 
 import argparse
