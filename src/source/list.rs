@@ -174,7 +174,7 @@ pub(crate) async fn list_latest_versions(
                 .into());
             }
             entries.push(ObjectEntry {
-                key: version.key().unwrap_or_default().to_string(),
+                key: key.to_string(),
                 size: version.size().unwrap_or(0).max(0) as u64,
                 etag: version.e_tag().unwrap_or_default().to_string(),
                 last_modified: version
