@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -13,11 +14,11 @@ use super::adaptive::Permit;
 use tokio::task::JoinSet;
 
 use super::context::Ctx;
-use super::part::{fetch_part, FetchedPart, PartTarget};
+use super::part::{fetch_into_memory, fetch_part, FetchedPart, PartTarget, Sink};
 use super::stats::Stats;
 use crate::error::{IoContext, LocalError, ObjectError, PartError};
 use crate::hash::{merge_parts, PartDigest};
-use crate::manifest::{Completed, DurablePart, ObjectState};
+use crate::manifest::{Completed, DurablePart, Manifest, ObjectState};
 use crate::plan::keys::RelPath;
 use crate::plan::parts::part_ranges;
 use crate::report::{FileRecord, FileStatus};
@@ -178,19 +179,11 @@ async fn download(
     rel: &RelPath,
     modified: Option<SystemTime>,
 ) -> Result<blake3::Hash, PartError> {
-    let state = ObjectState {
-        path: rel.to_string(),
-        size: object.size,
-        etag: object.etag.clone(),
-        last_modified_ns: modified.map(unix_nanos),
-        part_size: ctx.fetch.part_size,
-        attempt: fastrand::u64(..),
-        parts: BTreeMap::new(),
-        complete: None,
-    };
+    if object.size <= ctx.fetch.pool.buffer_size() as u64 {
+        return download_small(ctx, &object, rel, modified).await;
+    }
+    let state = new_attempt(ctx, &object, rel, modified);
     let known = ctx.write.manifest.lookup(&object.key);
-    // Durable parts of another attempt must be voided, durably, before their partial file is
-    // replaced: otherwise a crash could leave them describing a new, still empty file.
     let stale_parts = known.as_ref().is_some_and(|k| !k.parts.is_empty());
     let resumable =
         known.filter(|known| resumable(known, &state.etag, state.size, state.part_size));
@@ -211,13 +204,8 @@ async fn download(
                     return Ok((dir, file, known.attempt, known.parts));
                 }
             }
-            let recorded = manifest
-                .start_object(&key, &state)
-                .and_then(|()| match stale_parts {
-                    true => manifest.sync(),
-                    false => Ok(()),
-                });
-            recorded.local("recording in the manifest", &rel)?;
+            record_attempt(&manifest, &key, &state, stale_parts)
+                .local("recording in the manifest", &rel)?;
             let (dir, file) = dest.create_partial(&rel, direct).local("creating", &rel)?;
             dest::preallocate(&file, size)
                 .local_with(|| format!("reserving {size} bytes for"), &rel)?;
@@ -251,6 +239,99 @@ async fn download(
             }
             Err(err)
         }
+    }
+}
+
+/// A whole object that fits one pooled buffer (it is then one part): fetched into memory
+/// first, then recorded, created, written and stamped in one trip to a blocking thread. The
+/// streaming path takes three trips (create, the writer thread, mtime), and below a buffer
+/// the wake-ups of those trips cost more CPU than the bytes; preallocating a file written in
+/// one call gains nothing either. Nothing is kept of a failed attempt: one part has nothing
+/// to resume.
+async fn download_small(
+    ctx: &Ctx,
+    object: &PinnedObject,
+    rel: &RelPath,
+    modified: Option<SystemTime>,
+) -> Result<blake3::Hash, PartError> {
+    let direct = ctx.write.direct_io;
+    let (hash, bytes) = match object.size {
+        0 => (blake3::hash(b""), None),
+        _ => {
+            let (part, bytes) = fetch_into_memory(ctx, object, direct).await?;
+            let hash = merge_parts(&[part.digest], object.size, ctx.fetch.part_size);
+            (hash, bytes)
+        }
+    };
+    let state = new_attempt(ctx, object, rel, modified);
+    let stale_parts = ctx
+        .write
+        .manifest
+        .inspect(&object.key, |k| k.is_some_and(|k| !k.parts.is_empty()));
+    let (dest, manifest, rel, key) = (
+        ctx.write.dest.clone(),
+        ctx.write.manifest.clone(),
+        rel.clone(),
+        object.key.clone(),
+    );
+    let size = object.size;
+    let written = tokio::task::spawn_blocking(move || -> Result<(), PartError> {
+        record_attempt(&manifest, &key, &state, stale_parts)
+            .local("recording in the manifest", &rel)?;
+        let (dir, file) = dest.create_partial(&rel, direct).local("creating", &rel)?;
+        let written = match &bytes {
+            Some(bytes) => file
+                .write_all_at(bytes.as_slice(), 0)
+                .map_err(|err| dest::write_error(err, &file).into()),
+            None => Ok(()),
+        }
+        .and_then(|()| {
+            finish_file(&file, size, direct, modified)
+                .local_with(|| format!("finishing the {size}-byte file"), &rel)
+                .map_err(PartError::from)
+        });
+        if written.is_err() {
+            let _ = dir.unlink(rel.partial_name());
+        }
+        written
+    })
+    .await
+    .map_err(|err| PartError::Task("filesystem task failed", err))?;
+    written.map(|()| hash)
+}
+
+/// A new download attempt of `object` at `rel`, as the manifest records it.
+fn new_attempt(
+    ctx: &Ctx,
+    object: &PinnedObject,
+    rel: &RelPath,
+    modified: Option<SystemTime>,
+) -> ObjectState {
+    ObjectState {
+        path: rel.to_string(),
+        size: object.size,
+        etag: object.etag.clone(),
+        last_modified_ns: modified.map(unix_nanos),
+        part_size: ctx.fetch.part_size,
+        attempt: fastrand::u64(..),
+        parts: BTreeMap::new(),
+        complete: None,
+    }
+}
+
+/// Records a new attempt before its partial file is created. Durable parts of another attempt
+/// (`stale_parts`) must be voided, durably, before their partial file is replaced: otherwise a
+/// crash could leave them describing a new, still empty file.
+fn record_attempt(
+    manifest: &Manifest,
+    key: &str,
+    state: &ObjectState,
+    stale_parts: bool,
+) -> std::io::Result<()> {
+    manifest.start_object(key, state)?;
+    match stale_parts {
+        true => manifest.sync(),
+        false => Ok(()),
     }
 }
 
@@ -295,7 +376,7 @@ async fn fetch_all_parts(
         if parts.len() < ctx.fetch.request_slots.max() {
             if let Some((index, range)) = to_fetch.next() {
                 let target = PartTarget {
-                    file: file.clone(),
+                    sink: Sink::File(file.clone()),
                     pad_tail: ctx.write.direct_io && range.end == object.size,
                     range,
                     whole_object,

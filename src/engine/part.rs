@@ -58,9 +58,17 @@ impl PartSums {
     }
 }
 
+/// Where a part's bytes go.
+pub(crate) enum Sink {
+    /// To the writer threads, at their offsets in this file, as each buffer fills.
+    File(Arc<File>),
+    /// Kept in memory for the caller to write: a whole object that fits one pooled buffer.
+    Memory,
+}
+
 /// Where a part goes.
 pub(crate) struct PartTarget {
-    pub file: Arc<File>,
+    pub sink: Sink,
     pub range: Range<u64>,
     /// The part is the whole object (its hash is the root hash).
     pub whole_object: bool,
@@ -71,21 +79,47 @@ pub(crate) struct PartTarget {
 }
 
 /// Fetches, hashes and writes one part. Holds a request slot throughout.
-///
-/// A body that breaks is not fetched again from its start: the next attempt asks for the rest of
-/// the range and streams on into the same hashes. A part that is a whole object starts again
-/// instead, so that its GET stays the plain one whose checksum the client checks, and so does a
-/// part whose body broke after its last byte.
 pub(crate) async fn fetch_part(
     ctx: Arc<Ctx>,
     object: Arc<PinnedObject>,
     target: PartTarget,
 ) -> Result<FetchedPart, PartError> {
+    fetch(&ctx, &object, &target).await.map(|(part, _)| part)
+}
+
+/// Fetches and hashes a whole, non-empty object into the one buffer it fits; the caller
+/// writes it.
+pub(crate) async fn fetch_into_memory(
+    ctx: &Ctx,
+    object: &PinnedObject,
+    pad_tail: bool,
+) -> Result<(FetchedPart, Option<PooledBuf>), PartError> {
+    let target = PartTarget {
+        sink: Sink::Memory,
+        range: 0..object.size,
+        whole_object: true,
+        pad_tail,
+        crc: None,
+    };
+    fetch(ctx, object, &target).await
+}
+
+/// Fetches and hashes one part into `target`'s sink; returns the buffer a memory sink kept.
+///
+/// A body that breaks is not fetched again from its start: the next attempt asks for the rest of
+/// the range and streams on into the same hashes. A part that is a whole object starts again
+/// instead, so that its GET stays the plain one whose checksum the client checks, and so does a
+/// part whose body broke after its last byte.
+async fn fetch(
+    ctx: &Ctx,
+    object: &PinnedObject,
+    target: &PartTarget,
+) -> Result<(FetchedPart, Option<PooledBuf>), PartError> {
     let _slot = ctx.fetch.request_slots.acquire().await;
-    let mut stream = PartStream::new(&target);
+    let mut stream = PartStream::new(target);
     let mut attempt = 0;
     let result = loop {
-        match stream.fetch_rest(&ctx, &object, &target).await {
+        match stream.fetch_rest(ctx, object, target).await {
             Ok(()) => break Ok(()),
             Err(err) if err.is_retryable() && attempt + 1 < MAX_PART_ATTEMPTS => {
                 Stats::add(&ctx.fetch.stats.part_retries, 1);
@@ -93,7 +127,7 @@ pub(crate) async fn fetch_part(
                 // Nothing is left to resume when the body broke after its last byte.
                 if target.whole_object || stream.received == target.range.end - target.range.start {
                     stream.wait_writes().await?;
-                    stream = PartStream::new(&target);
+                    stream = PartStream::new(target);
                 }
                 tokio::time::sleep(PART_RETRY.jittered(attempt)).await;
                 attempt += 1;
@@ -107,12 +141,14 @@ pub(crate) async fn fetch_part(
             Err(err) => break Err(err),
         }
     };
-    stream.finish(&ctx, &target, result).await
+    stream.finish(ctx, target, result).await
 }
 
 /// A part's progress: the bytes accepted so far, hashed and handed to writers.
 struct PartStream {
-    file: Arc<File>,
+    file: Option<Arc<File>>,
+    /// The buffer a memory sink keeps (a whole object fills one buffer at most).
+    kept: Option<PooledBuf>,
     sums: PartSums,
     writes: Vec<oneshot::Receiver<std::io::Result<()>>>,
     /// Bytes of the part accepted so far (a resumed GET asks for the rest).
@@ -126,8 +162,13 @@ struct PartStream {
 
 impl PartStream {
     fn new(target: &PartTarget) -> Self {
+        let file = match &target.sink {
+            Sink::File(file) => Some(file.clone()),
+            Sink::Memory => None,
+        };
         Self {
-            file: target.file.clone(),
+            file,
+            kept: None,
             sums: PartSums {
                 blake3: PartHasher::new(target.range.start, target.whole_object),
                 crc: target.crc.map(Algorithm::digest),
@@ -215,37 +256,43 @@ impl PartStream {
         }
     }
 
-    /// Hashes `buf` and hands it to a writer.
+    /// Hashes `buf` and hands it to a writer, or keeps it for a memory sink.
     fn submit(&mut self, ctx: &Ctx, mut buf: PooledBuf, pad: bool) {
         self.sums.update(buf.as_slice());
         let len = buf.len() as u64;
         if pad {
             buf.pad_for_direct_io();
         }
+        self.offset += len;
+        let Some(file) = &self.file else {
+            debug_assert!(self.kept.is_none(), "a memory sink fills one buffer");
+            self.kept = Some(buf);
+            return;
+        };
         let (done, wait) = oneshot::channel();
         ctx.write.writers.writer.submit(WriteJob {
-            file: self.file.clone(),
-            offset: self.offset,
+            file: file.clone(),
+            offset: self.offset - len,
             buf,
             done,
         });
         self.writes.push(wait);
-        self.offset += len;
     }
 
     /// Writes the last buffer of a complete part, waits for all its writes (also after a
-    /// failure, so no stale write lands after a retry's) and returns its sums.
+    /// failure, so no stale write lands after a retry's) and returns its sums, with the buffer
+    /// a memory sink kept.
     async fn finish(
         mut self,
         ctx: &Ctx,
         target: &PartTarget,
         result: Result<(), PartError>,
-    ) -> Result<FetchedPart, PartError> {
+    ) -> Result<(FetchedPart, Option<PooledBuf>), PartError> {
         if let (Ok(()), Some(last)) = (&result, self.buf.take()) {
             self.submit(ctx, last, target.pad_tail);
         }
         self.wait_writes().await?;
-        result.map(|()| self.sums.finish())
+        result.map(|()| (self.sums.finish(), self.kept.take()))
     }
 
     /// Waits for the writes handed on so far; a write error is fatal for the object.
@@ -254,7 +301,9 @@ impl PartStream {
         for wait in self.writes.drain(..) {
             let failed = match wait.await {
                 Ok(Ok(())) => continue,
-                Ok(Err(err)) => dest::write_error(err, &self.file),
+                Ok(Err(err)) => {
+                    dest::write_error(err, self.file.as_ref().expect("writes go to a file"))
+                }
                 Err(_) => WriteError::WriterStopped,
             };
             write_error.get_or_insert(failed);

@@ -32,8 +32,10 @@ impl AlignedBuf {
 
     fn new(capacity: usize) -> Self {
         assert!(capacity > 0 && capacity.is_multiple_of(DIRECT_IO_ALIGN));
-        // SAFETY: the layout has a non-zero size.
-        let raw = unsafe { alloc::alloc_zeroed(Self::layout(capacity)) };
+        // SAFETY: the layout has a non-zero size. Left uninitialised (zeroing a small buffer
+        // cost a `memset` per small object): bytes are only read below `len`, which counts
+        // bytes written.
+        let raw = unsafe { alloc::alloc(Self::layout(capacity)) };
         let ptr =
             NonNull::new(raw).unwrap_or_else(|| alloc::handle_alloc_error(Self::layout(capacity)));
         Self {
@@ -72,6 +74,11 @@ impl BufferPool {
                 buffer_size,
             }),
         }
+    }
+
+    /// Size of a full pooled buffer.
+    pub(crate) fn buffer_size(&self) -> usize {
+        self.inner.buffer_size
     }
 
     /// Waits for a free buffer for `remaining` more bytes: a full-size pooled one, or an
@@ -154,7 +161,8 @@ impl PooledBuf {
 
     pub(crate) fn as_slice(&self) -> &[u8] {
         let buf = self.buf();
-        // SAFETY: the first `len` bytes are initialised (the allocation is zeroed).
+        // SAFETY: the first `len` bytes are initialised (`fill_from` and `pad_for_direct_io`
+        // write each byte they count).
         unsafe { std::slice::from_raw_parts(buf.ptr.as_ptr(), buf.len) }
     }
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crate::support::faults::{Fault, Rule};
 use crate::support::{
     assert_mirror, content, files, hydrator_command, hydrator_sync, records_durable_parts,
-    temp_dest, wait_until, Server, MIB,
+    temp_dest, wait_until, Run, Server, MIB,
 };
 
 /// The same with a report and `args`, started and not yet waited for.
@@ -731,6 +731,18 @@ fn running_out_of_space_mid_write_fails_clearly_and_the_run_resumes_once_space_i
     server.seed("midwrite/", &expected);
     let dest = mountpoint.join("dest");
     let run = server.sync("midwrite/", &dest, &["--concurrency", "1"]);
+    assert_a_write_found_the_disk_full(&run, &dest, &expected);
+    std::fs::remove_file(&filler).unwrap();
+    server.sync("midwrite/", &dest, &[]).assert_code(0);
+    assert_mirror(&dest, &expected);
+}
+
+/// The run failed on a write into a full disk, said so, and left each file whole or absent.
+fn assert_a_write_found_the_disk_full(
+    run: &Run,
+    dest: &Path,
+    expected: &BTreeMap<String, Vec<u8>>,
+) {
     run.assert_code(1);
     assert!(
         run.stderr()
@@ -739,13 +751,43 @@ fn running_out_of_space_mid_write_fails_clearly_and_the_run_resumes_once_space_i
         run.stderr()
     );
     assert!(!dest.join(".hydrator/READY").exists());
-    for (name, data) in &expected {
+    for (name, data) in expected {
         if let Ok(on_disk) = std::fs::read(dest.join(name)) {
             assert!(on_disk == *data, "{name} is whole or absent");
         }
     }
-    std::fs::remove_file(&filler).unwrap();
-    server.sync("midwrite/", &dest, &[]).assert_code(0);
+}
+
+#[test]
+fn small_files_that_fill_the_disk_fail_clearly_and_leave_no_partial_file() {
+    // Files under a buffer are written in one call without preallocation, so a full disk shows
+    // up in the write.
+    let Some(fs) = TestMount::tmpfs("size=2m") else {
+        return;
+    };
+    let server = Server::local();
+    let expected: BTreeMap<String, Vec<u8>> = (0..5)
+        .map(|i| (format!("s{i}.bin"), content(300 + i, 600 << 10)))
+        .collect();
+    server.seed("smallfull/", &expected);
+    let dest = fs.path.join("dest");
+    let run = server.sync("smallfull/", &dest, &["--concurrency", "1"]);
+    assert_a_write_found_the_disk_full(&run, &dest, &expected);
+    let left: Vec<_> = std::fs::read_dir(&dest)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(
+        !left.iter().any(|name| name.ends_with(".partial")),
+        "{left:?}"
+    );
+    let done_before = run.count("objects", "downloaded");
+    assert!((1..5).contains(&done_before), "{done_before} of 5 fitted");
+
+    fs.remount("size=8m");
+    let rerun = server.sync("smallfull/", &dest, &[]);
+    rerun.assert_code(0);
+    assert_eq!(rerun.count("objects", "skipped"), done_before);
     assert_mirror(&dest, &expected);
 }
 
