@@ -9,6 +9,9 @@
 //!   no-op) and falls back to `pwrite`; the fallback is the common case in production.
 //! - A file is written as `.NAME.partial` beside its final name, preallocated with `fallocate`
 //!   (which also fails fast on a full disk), and renamed only after its data is durable.
+//! - A file that fits one pooled buffer skips the writer threads and the preallocation: it is
+//!   created and written in one call on the blocking thread that creates it (see
+//!   `engine::object`), since for small files the hand-offs cost more than the bytes.
 //! - Durability is batched (see [`commit`]): one `syncfs` for many files instead of one
 //!   `fdatasync` each, so 20,000 small files do not pay 20,000 journal commits.
 
