@@ -6,7 +6,8 @@
 //! - Two backends sit behind [`Writer`]: io_uring (tokio-uring) and positional `pwrite`.
 //!   io_uring is refused by the default seccomp profiles of Docker ≥ 25, containerd ≥ 2.0,
 //!   CRI-O and Podman, and by `kernel.io_uring_disabled`, so `auto` probes it (a ring and a
-//!   no-op) and falls back to `pwrite`; the fallback is the common case in production.
+//!   no-op) and falls back to `pwrite`; the fallback is the common case in production. Files
+//!   that fit one buffer do not use either: they are written with one `pwrite` (below).
 //! - A file is written as `.NAME.partial` beside its final name, preallocated with `fallocate`
 //!   (which also fails fast on a full disk), and renamed only after its data is durable.
 //! - A file that fits one pooled buffer skips the writer threads and the preallocation: it is

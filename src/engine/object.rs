@@ -1,6 +1,7 @@
 //! One object: skip it when the manifest proves DEST already holds it, resume its durable parts
 //! when an earlier run was cut short, otherwise fetch its parts concurrently into
 //! `.NAME.partial`, merge the part hashes, and publish through the batch committer. An object
+//! that fits one pooled buffer is fetched into memory instead and written in one call. An object
 //! that changes on the server mid-download is started again from scratch, never mixed (in
 //! snapshot mode it is an error instead: the snapshot pins the version).
 
@@ -260,7 +261,8 @@ async fn download_small(
         _ => {
             let (part, bytes) = fetch_into_memory(ctx, object, direct).await?;
             let hash = merge_parts(&[part.digest], object.size, ctx.fetch.part_size);
-            (hash, bytes)
+            let bytes = bytes.expect("a fetched object of one byte or more is kept in memory");
+            (hash, Some(bytes))
         }
     };
     let state = new_attempt(ctx, object, rel, modified);

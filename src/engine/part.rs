@@ -144,7 +144,8 @@ async fn fetch(
     stream.finish(ctx, target, result).await
 }
 
-/// A part's progress: the bytes accepted so far, hashed and handed to writers.
+/// A part's progress: the bytes accepted so far, hashed and handed to writers (or, for a
+/// memory sink, kept).
 struct PartStream {
     file: Option<Arc<File>>,
     /// The buffer a memory sink keeps (a whole object fills one buffer at most).
@@ -265,7 +266,7 @@ impl PartStream {
         }
         self.offset += len;
         let Some(file) = &self.file else {
-            debug_assert!(self.kept.is_none(), "a memory sink fills one buffer");
+            assert!(self.kept.is_none(), "a memory sink fills one buffer");
             self.kept = Some(buf);
             return;
         };
