@@ -93,7 +93,7 @@ pub(crate) async fn fetch_into_memory(
     ctx: &Ctx,
     object: &PinnedObject,
     pad_tail: bool,
-) -> Result<(FetchedPart, Option<PooledBuf>), PartError> {
+) -> Result<(FetchedPart, PooledBuf), PartError> {
     let target = PartTarget {
         sink: Sink::Memory,
         range: 0..object.size,
@@ -101,7 +101,8 @@ pub(crate) async fn fetch_into_memory(
         pad_tail,
         crc: None,
     };
-    fetch(ctx, object, &target).await
+    let (part, kept) = fetch(ctx, object, &target).await?;
+    Ok((part, kept.expect("a non-empty object fills a buffer")))
 }
 
 /// Fetches and hashes one part into `target`'s sink; returns the buffer a memory sink kept.
