@@ -119,6 +119,17 @@ fn finish(daemon: &Daemon, name: &str, flight: &Flight, result: Result<Done, Hyd
                     .metrics
                     .hydration_finished(HydrationResult::Complete, seconds);
             }
+            // Cut short by this daemon's own stop: not the dataset's failure. Waiting clients
+            // see no end and ask the next daemon, which resumes it.
+            Err(reason) if *daemon.stop.borrow() => {
+                tracing::info!(
+                    dataset = name,
+                    "hydration stopped with the daemon: {reason}"
+                );
+                daemon
+                    .metrics
+                    .hydration_finished(HydrationResult::Stopped, seconds);
+            }
             Err(reason) => {
                 match entry.current {
                     Some(_) => tracing::error!(
@@ -130,11 +141,9 @@ fn finish(daemon: &Daemon, name: &str, flight: &Flight, result: Result<Done, Hyd
                 entry.failure = Some(reason);
                 entry.failures += 1;
                 entry.failed_at = Some(std::time::Instant::now());
-                let result = match *daemon.stop.borrow() {
-                    true => HydrationResult::Stopped,
-                    false => HydrationResult::Failed,
-                };
-                daemon.metrics.hydration_finished(result, seconds);
+                daemon
+                    .metrics
+                    .hydration_finished(HydrationResult::Failed, seconds);
             }
         }
     }
