@@ -654,6 +654,10 @@ fn warm_rides_through_a_daemon_restart_in_the_middle_of_its_wait() {
     wait_for_progress(&daemon, "roll", 17 * MIB as u64);
     let (status, _) = daemon.terminate();
     assert!(status.success());
+    // Cut short by the stop, the hydration is no failure a waiting client could be told of.
+    let log = std::fs::read_to_string(dir.path().join("daemon.log")).unwrap();
+    assert!(log.contains("hydration stopped with the daemon"), "{log}");
+    assert!(!log.contains("hydration failed"), "{log}");
     // The socket is gone for a while, as during a rollout.
     std::thread::sleep(Duration::from_secs(2));
     let daemon = Daemon::start(dir.path(), &server.target, &text);
