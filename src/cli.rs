@@ -260,8 +260,8 @@ pub struct SyncOptions {
     /// GET requests a second to send at most, across all requests.
     #[arg(long, env = "HYDRATOR_MAX_REQUESTS_PER_SECOND", value_name = "N")]
     pub max_requests_per_second: Option<f64>,
-    /// Ranged GETs in flight: auto (start at 4, climb while throughput grows, up to 64) or a
-    /// fixed number.
+    /// Ranged GETs in flight: auto (start at 4 full parts' worth, climb while throughput
+    /// grows, up to 64; GETs under 8 MiB weigh less) or a fixed number.
     #[arg(long, env = "HYDRATOR_CONCURRENCY", default_value = "auto", value_parser = config::parse_concurrency)]
     pub(crate) concurrency: config::Concurrency,
     /// Part size: a power of two ≥ 1MiB (e.g. 8MiB, 16M, 1048576).

@@ -116,7 +116,11 @@ async fn fetch(
     object: &PinnedObject,
     target: &PartTarget,
 ) -> Result<(FetchedPart, Option<PooledBuf>), PartError> {
-    let _slot = ctx.fetch.request_slots.acquire().await;
+    let _slot = ctx
+        .fetch
+        .request_slots
+        .acquire(target.range.end - target.range.start)
+        .await;
     let mut stream = PartStream::new(target);
     let mut attempt = 0;
     let result = loop {

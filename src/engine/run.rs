@@ -302,7 +302,7 @@ async fn mirror(
             }
         };
         let permit = tokio::select! {
-            permit = ctx.fetch.request_slots.acquire_object() => permit,
+            permit = ctx.fetch.request_slots.acquire_object(entry.size) => permit,
             () = stopped(stop) => break Some(SyncError::Stopped),
         };
         let ctx = ctx.clone();

@@ -204,12 +204,13 @@ impl ObjectSource for MemorySource {
         whole: bool,
     ) -> BoxFuture<'a, Result<GetResponse, SourceError>> {
         let key = object.key.to_string();
-        self.log
-            .lock()
-            .unwrap()
-            .push(Request::Get(key.clone(), range.clone()));
+        // Logged and faulted under one lock, so the first GET logged is the one faulted.
+        let fault = {
+            let mut log = self.log.lock().unwrap();
+            log.push(Request::Get(key.clone(), range.clone()));
+            self.next_fault(&key)
+        };
         let request = format!("GET {key} {range:?}");
-        let fault = self.next_fault(&key);
         if let Some(Fault::Overwrite(data)) = &fault {
             self.put(&key, data.clone());
         }
