@@ -81,30 +81,26 @@ impl Adjustable {
 
     /// How many of `n` returning permits should be retired instead of freed.
     fn take_retirement(&self, n: usize) -> usize {
-        match self
-            .retiring
-            .fetch_update(Relaxed, Relaxed, |r| (r > 0).then(|| r - r.min(n)))
-        {
-            Ok(r) => r.min(n),
-            Err(_) => 0,
-        }
+        self.retiring
+            .fetch_update(Relaxed, Relaxed, |r| (r > 0).then(|| r.saturating_sub(n)))
+            .map_or(0, |r| r.min(n))
     }
 }
 
 /// Units of an [`Adjustable`] on loan; those the size went down by meanwhile retire on return.
 struct Units {
-    permit: Option<OwnedSemaphorePermit>,
+    permit: OwnedSemaphorePermit,
     from: Arc<Adjustable>,
 }
 
 impl Drop for Units {
     fn drop(&mut self) {
-        let Some(mut permit) = self.permit.take() else {
-            return;
-        };
-        let retire = self.from.take_retirement(permit.num_permits());
+        let retire = self.from.take_retirement(self.permit.num_permits());
         if retire > 0 {
-            permit.split(retire).expect("no more than held").forget();
+            self.permit
+                .split(retire)
+                .expect("no more than held")
+                .forget();
         }
     }
 }
@@ -146,7 +142,7 @@ impl Weighted {
             }
         };
         let units = Units {
-            permit: Some(units),
+            permit: units,
             from: self.units.clone(),
         };
         let count = self.count.clone().acquire_owned().await;
@@ -375,12 +371,16 @@ mod tests {
         );
     }
 
-    /// Whether one more acquire of `len` bytes would have to wait.
-    async fn full(slots: &RequestSlots, len: u64) -> bool {
-        let more = slots.acquire(len);
-        tokio::time::timeout(Duration::from_millis(20), more)
+    /// Whether `acquire` has to wait.
+    async fn waits(acquire: impl std::future::Future<Output = Permit>) -> bool {
+        tokio::time::timeout(Duration::from_millis(20), acquire)
             .await
             .is_err()
+    }
+
+    /// Whether one more request of `len` bytes would have to wait.
+    async fn full(slots: &RequestSlots, len: u64) -> bool {
+        waits(slots.acquire(len)).await
     }
 
     #[tokio::test]
@@ -411,14 +411,16 @@ mod tests {
     async fn objects_in_flight_follow_the_limit_by_weight() {
         let slots = RequestSlots::new(2, 64, 50);
         let large: Vec<_> = join_all((0..8).map(|_| slots.acquire_object(1 << 30))).await;
-        let more = slots.acquire_object(1);
-        let waits = tokio::time::timeout(Duration::from_millis(20), more).await;
-        assert!(waits.is_err(), "{OBJECTS_PER_SLOT} large objects per slot");
+        assert!(
+            waits(slots.acquire_object(1)).await,
+            "{OBJECTS_PER_SLOT} large objects per slot"
+        );
         drop(large);
         let small: Vec<_> = join_all((0..50).map(|_| slots.acquire_object(1))).await;
-        let more = slots.acquire_object(1);
-        let waits = tokio::time::timeout(Duration::from_millis(20), more).await;
-        assert!(waits.is_err(), "no more objects than max_objects");
+        assert!(
+            waits(slots.acquire_object(1)).await,
+            "no more objects than max_objects"
+        );
         drop(small);
     }
 }
