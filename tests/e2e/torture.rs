@@ -795,18 +795,20 @@ fn small_files_that_fill_the_disk_fail_clearly_and_leave_no_partial_file() {
 fn symlinks_planted_during_a_run_are_never_followed() {
     let server = Server::local();
     let expected: std::collections::BTreeMap<String, Vec<u8>> = (0..4)
-        .map(|i| (format!("a/{i}"), content(300 + i, 10)))
+        .map(|i| (format!("a/{i}"), content(300 + i, 40)))
         .chain((0..4).map(|i| (format!("b/{i}"), content(400 + i, 10))))
         .collect();
     server.seed("planted-live/", &expected);
-    // The a/ objects hang for 2 s; with one request slot the b/ ones wait behind them.
+    // a/0 lands at once and creates a/; a/1 then trickles for 10 s (never stalling long enough
+    // to be retried), and with one request slot everything after it waits. The test plants its
+    // symlinks inside that window, however loaded the machine.
     server.faults.add(Rule {
         ranged_only: false,
         ..Rule::get(
             "planted-live/a/",
-            Fault::StallBody(1, Duration::from_secs(2)),
+            Fault::TrickleBody(1, Duration::from_millis(250)),
         )
-        .times(4)
+        .skip(1)
     });
     let (outside_a, outside_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (_dir, dest) = temp_dest();
