@@ -50,7 +50,7 @@ impl std::fmt::Debug for StaticCredentials {
 
 /// Where the S3 server is and how to talk to it.
 #[derive(Clone, Debug)]
-pub(crate) struct ClientSettings {
+pub struct ClientSettings {
     /// A custom endpoint (MinIO, Ceph RGW, Garage...); `None`: AWS.
     pub endpoint: Option<String>,
     /// `None`: the AWS chain, or us-east-1 with a custom endpoint.
@@ -74,7 +74,7 @@ pub(crate) struct ClientSettings {
 /// The answers S3 clients received: throttling ones (429, 503, retried or not) for the adaptive
 /// limit, and every one by operation and status for the daemon's metrics.
 #[derive(Debug, Default)]
-pub(crate) struct Responses {
+pub struct Responses {
     /// Throttling answers since the adaptive controller last looked.
     pub throttled: AtomicU64,
     by_operation: Mutex<BTreeMap<(String, u16), u64>>,
@@ -136,10 +136,7 @@ fn https_client_trusting(pem: &[u8]) -> aws_smithy_runtime_api::client::http::Sh
 }
 
 /// The client for `settings`; its answers are counted into `responses`.
-pub(crate) async fn build(
-    settings: &ClientSettings,
-    responses: Arc<Responses>,
-) -> aws_sdk_s3::Client {
+pub async fn build(settings: &ClientSettings, responses: Arc<Responses>) -> aws_sdk_s3::Client {
     let mut loader = aws_config::defaults(BehaviorVersion::latest());
     let region = settings.region.clone().or_else(|| {
         settings
