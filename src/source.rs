@@ -7,6 +7,7 @@ pub(crate) mod checksum;
 pub mod client;
 pub(crate) mod errors;
 pub(crate) mod fetch;
+pub(crate) mod lean;
 pub(crate) mod list;
 #[cfg(test)]
 pub(crate) mod memory;

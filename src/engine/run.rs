@@ -201,10 +201,16 @@ async fn prepare(
     };
     let source = match hooks.source {
         Some(source) => source,
-        None => Arc::new(S3Source::new(
-            client::build(cfg.client_settings(), budget.slots.responses.clone()).await,
-            cfg.client_settings().anonymous,
-        )),
+        None => {
+            let (settings, responses) = (cfg.client_settings(), &budget.slots.responses);
+            let (client, credentials) =
+                client::build_with_credentials(settings, responses.clone()).await;
+            Arc::new(S3Source::new(client, settings.anonymous).with_lean_gets(
+                settings,
+                credentials,
+                responses.clone(),
+            ))
+        }
     };
     let progress = Progress::start(cfg.progress, hooks.stats.clone());
     let ctx = Arc::new(Ctx {

@@ -13,14 +13,15 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use aws_credential_types::provider::SharedCredentialsProvider;
 use aws_sdk_s3::config::interceptors::BeforeDeserializationInterceptorContextRef;
 use aws_sdk_s3::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_smithy_runtime_api::box_error::BoxError;
 use aws_smithy_runtime_api::client::orchestrator::Metadata;
 
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-const FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(10);
-const STALL_GRACE: Duration = Duration::from_secs(5);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) const FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const STALL_GRACE: Duration = Duration::from_secs(5);
 /// SDK attempts per request (5xx, throttling, connection errors before the body).
 const SDK_MAX_ATTEMPTS: u32 = 5;
 /// Retry tokens per in-flight request: the SDK's default bucket (500 tokens, 5 per retry) runs
@@ -86,7 +87,7 @@ impl Responses {
         self.by_operation.lock().expect("responses lock").clone()
     }
 
-    fn record(&self, operation: &str, status: u16) {
+    pub(crate) fn record(&self, operation: &str, status: u16) {
         if matches!(status, 429 | 503) {
             self.throttled.fetch_add(1, Relaxed);
         }
@@ -137,6 +138,14 @@ fn https_client_trusting(pem: &[u8]) -> aws_smithy_runtime_api::client::http::Sh
 
 /// The client for `settings`; its answers are counted into `responses`.
 pub async fn build(settings: &ClientSettings, responses: Arc<Responses>) -> aws_sdk_s3::Client {
+    build_with_credentials(settings, responses).await.0
+}
+
+/// [`build`], with the credentials provider the client signs with (`None` when unsigned).
+pub(crate) async fn build_with_credentials(
+    settings: &ClientSettings,
+    responses: Arc<Responses>,
+) -> (aws_sdk_s3::Client, Option<SharedCredentialsProvider>) {
     let mut loader = aws_config::defaults(BehaviorVersion::latest());
     let region = settings.region.clone().or_else(|| {
         settings
@@ -202,5 +211,6 @@ pub async fn build(settings: &ClientSettings, responses: Arc<Responses>) -> aws_
         .response_checksum_validation(ResponseChecksumValidation::WhenRequired)
         .interceptor(RecordResponses(responses))
         .build();
-    aws_sdk_s3::Client::from_conf(s3_config)
+    let credentials = shared.credentials_provider();
+    (aws_sdk_s3::Client::from_conf(s3_config), credentials)
 }

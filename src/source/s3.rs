@@ -1,15 +1,19 @@
 //! [`ObjectSource`] over the AWS SDK's S3 client.
 
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::SystemTime;
 
+use aws_credential_types::provider::SharedCredentialsProvider;
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::ChecksumMode;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 
 use super::checksum::full_object;
+use super::client::{ClientSettings, Responses};
 use super::errors::classify;
+use super::lean::LeanGets;
 use super::list::ObjectEntry;
 use super::object_source::{Body, GetResponse, ListPage, ObjectHead, ObjectRef, ObjectSource};
 use crate::error::SourceError;
@@ -19,12 +23,29 @@ pub(crate) struct S3Source {
     client: aws_sdk_s3::Client,
     /// Requests go unsigned (`--no-sign-request`): a refusal means the bucket is not public.
     anonymous: bool,
+    /// The fast path for whole-object GETs, where the settings allow one.
+    lean: Option<LeanGets>,
 }
 
 impl S3Source {
     /// A source over `client`; `anonymous` when it sends unsigned requests.
     pub(crate) fn new(client: aws_sdk_s3::Client, anonymous: bool) -> Self {
-        Self { client, anonymous }
+        Self {
+            client,
+            anonymous,
+            lean: None,
+        }
+    }
+
+    /// Sends whole-object GETs by the lean path where `settings` allow it.
+    pub(crate) fn with_lean_gets(
+        mut self,
+        settings: &ClientSettings,
+        credentials: Option<SharedCredentialsProvider>,
+        responses: Arc<Responses>,
+    ) -> Self {
+        self.lean = LeanGets::for_settings(settings, &self.client, credentials, responses);
+        self
     }
 
     fn classify<E, R>(
@@ -138,6 +159,11 @@ impl ObjectSource for S3Source {
         whole: bool,
     ) -> BoxFuture<'a, Result<GetResponse, SourceError>> {
         async move {
+            if let (true, Some(lean)) = (whole, &self.lean) {
+                if let Some(response) = lean.get(&object).await {
+                    return Ok(response);
+                }
+            }
             let mut request = self
                 .client
                 .get_object()
