@@ -3,6 +3,8 @@
 //! mirror is then re-read and compared with what was uploaded.
 
 pub mod dataset;
+#[cfg(test)]
+mod lean_gets_tests;
 pub mod server;
 
 use std::path::PathBuf;

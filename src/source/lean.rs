@@ -247,27 +247,13 @@ impl CachedCredentials {
     }
 }
 
-#[cfg(all(test, feature = "demo"))]
-mod tests {
-    use futures::{StreamExt, TryStreamExt};
-    use http_body_util::StreamBody;
-    use hyper::body::Frame;
-
+/// Helpers for tests that drive the lean path against a server.
+#[cfg(test)]
+pub(crate) mod test_support {
     use super::*;
-    use crate::demo::server::EmbeddedS3;
-    use crate::source::checksum::Algorithm;
     use crate::source::client::{build_with_credentials, StaticCredentials};
 
-    const BUCKET: &str = "bucket";
-    /// Keys whose escaping the signature must get right.
-    const KEYS: [&str; 4] = [
-        "plain/a.bin",
-        "with space/ü+%20&=?.bin",
-        "tilde~/x*y",
-        "dir/semi;colon,comma'quote",
-    ];
-
-    fn settings(endpoint: &str, credentials: StaticCredentials) -> ClientSettings {
+    pub(crate) fn settings(endpoint: &str, credentials: StaticCredentials) -> ClientSettings {
         ClientSettings {
             endpoint: Some(endpoint.to_string()),
             region: None,
@@ -281,67 +267,25 @@ mod tests {
         }
     }
 
-    async fn lean_for(settings: &ClientSettings) -> (Option<LeanGets>, Arc<Responses>) {
+    /// The lean path `settings` give (if any), and the answers it records.
+    pub(crate) async fn lean_for(settings: &ClientSettings) -> (Option<LeanGets>, Arc<Responses>) {
         let responses = Arc::new(Responses::default());
         let (sdk, credentials) = build_with_credentials(settings, responses.clone()).await;
         let lean = LeanGets::for_settings(settings, &sdk, credentials, responses.clone());
         (lean, responses)
     }
+}
 
-    fn object(key: &str) -> ObjectRef<'_> {
-        ObjectRef {
-            bucket: BUCKET,
-            key,
-            version_id: None,
-            etag: "",
-        }
-    }
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt;
+    use http_body_util::StreamBody;
+    use hyper::body::Frame;
 
-    async fn serve_keys() -> (tempfile::TempDir, EmbeddedS3) {
-        let root = tempfile::tempdir().unwrap();
-        for (i, key) in KEYS.iter().enumerate() {
-            let path = root.path().join(BUCKET).join(key);
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(path, format!("object {i}").repeat(1000)).unwrap();
-        }
-        let server = EmbeddedS3::start(root.path()).await.unwrap();
-        (root, server)
-    }
-
-    #[tokio::test]
-    async fn signed_gets_of_awkward_keys_are_answered_by_the_lean_path() {
-        let (_root, server) = serve_keys().await;
-        let (lean, responses) =
-            lean_for(&settings(&server.endpoint, server.credentials.clone())).await;
-        let lean = lean.expect("a plain-HTTP endpoint takes the lean path");
-        for (i, key) in KEYS.iter().enumerate() {
-            let response = lean.get(&object(key)).await.expect("answered with a 200");
-            let chunks: Vec<Bytes> = response.body.try_collect().await.unwrap();
-            assert_eq!(
-                chunks.concat(),
-                format!("object {i}").repeat(1000).into_bytes()
-            );
-        }
-        assert_eq!(
-            responses.by_operation(),
-            [(("GetObject".to_string(), 200), KEYS.len() as u64)].into()
-        );
-    }
-
-    #[tokio::test]
-    async fn a_refused_answer_is_recorded_and_left_to_the_sdk() {
-        let (_root, server) = serve_keys().await;
-        let wrong = StaticCredentials {
-            access_key: server.credentials.access_key.clone(),
-            secret_key: "not the secret".to_string(),
-        };
-        let (lean, responses) = lean_for(&settings(&server.endpoint, wrong)).await;
-        assert!(lean.unwrap().get(&object(KEYS[0])).await.is_none());
-        assert_eq!(
-            responses.by_operation(),
-            [(("GetObject".to_string(), 403), 1)].into()
-        );
-    }
+    use super::test_support::{lean_for, settings};
+    use super::*;
+    use crate::source::checksum::Algorithm;
+    use crate::source::client::StaticCredentials;
 
     #[tokio::test]
     async fn only_plain_http_root_endpoints_take_the_lean_path() {
