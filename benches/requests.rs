@@ -1,14 +1,15 @@
 //! What one GET costs the client, by request path. The same small objects are fetched from the
-//! near-free origin (`benches/origin.rs`) with the same number in flight, alternating:
-//! - `sdk`: `GetObject` through the client hydrator builds (`source::client::build`: retries,
-//!   stalled-stream protection, the response interceptor), sent as hydrator sends a whole small
-//!   object (`If-Match`, checksum mode);
-//! - `lean`: the same request signed with `aws-sigv4` (as the SDK signs for S3) and sent over a
-//!   pooled `hyper` client, with no retry or timeout machinery.
+//! near-free origin (`benches/origin.rs`) with the same number in flight, alternating, each as a
+//! sync fetches a single-part object (`If-Match`, checksum mode; the origin sends no checksum,
+//! so no CRC is computed on either path), through hydrator's own code (`source::bench_support`):
+//! - `sdk`: `GetObject` through the SDK client a sync builds (retries, stalled-stream
+//!   protection, the response interceptor);
+//! - `lean`: the lean path (`source/lean.rs`): signed with `aws-sigv4`, sent over a pooled
+//!   `hyper` client, the body CRC'd and watched for stalls by hydrator.
 //!
 //! The body is received chunk by chunk and dropped; files and hashing are not in the figure.
-//! The process's CPU (`getrusage`) over each pass, divided by its GETs, is what a lean GET path
-//! would save per object at most.
+//! The process's CPU (`getrusage`) over each pass, divided by its GETs, is the request path's
+//! cost per object.
 //!
 //!     cargo build --release --bench origin --bench requests
 //!     target/release/deps/origin-HASH --set w3=20000x65536      # prints ENDPOINT
@@ -19,21 +20,11 @@
 //! Without arguments (as `cargo test --all-targets` starts it) it prints this usage only.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
-use aws_credential_types::Credentials;
-use aws_sigv4::http_request::{
-    sign, PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings,
-    UriPathNormalizationMode,
-};
-use aws_sigv4::sign::v4;
-use aws_smithy_runtime_api::client::identity::Identity;
-use bytes::Bytes;
 use futures::{stream, StreamExt};
-use http_body_util::{BodyExt, Empty};
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
 
+use hydrator::source::bench_support::{Path, WholeGets};
 use hydrator::source::client::{self, ClientSettings, Responses};
 
 const BUCKET: &str = "bench";
@@ -43,14 +34,6 @@ struct Listed {
     key: String,
     etag: String,
     size: u64,
-}
-
-/// What the lean path needs to sign and send.
-struct Lean {
-    client: Client<HttpConnector, Empty<Bytes>>,
-    endpoint: String,
-    identity: Identity,
-    region: String,
 }
 
 fn main() {
@@ -87,11 +70,11 @@ async fn run(endpoint: &str, prefix: &str, rounds: usize, in_flight: usize, only
     let region = std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".into());
     let settings = ClientSettings {
         endpoint: Some(endpoint.to_string()),
-        region: Some(region.clone()),
+        region: Some(region),
         path_style: true,
         credentials: Some(client::StaticCredentials {
-            access_key: access_key.clone(),
-            secret_key: secret_key.clone(),
+            access_key,
+            secret_key,
         }),
         profile: None,
         anonymous: false,
@@ -99,39 +82,30 @@ async fn run(endpoint: &str, prefix: &str, rounds: usize, in_flight: usize, only
         no_verify_ssl: false,
         max_requests: in_flight,
     };
-    let sdk = client::build(&settings, Arc::new(Responses::default())).await;
-    let objects = list(&sdk, prefix).await;
-    let lean = Lean {
-        client: Client::builder(TokioExecutor::new()).build_http(),
-        endpoint: endpoint.trim_end_matches('/').to_string(),
-        identity: Credentials::new(access_key, secret_key, None, None, "bench").into(),
-        region,
-    };
+    let lister = client::build(&settings, Arc::new(Responses::default())).await;
+    let objects = list(&lister, prefix).await;
+    let gets = WholeGets::new(&settings)
+        .await
+        .expect("a plain-HTTP endpoint has a lean path");
     println!(
         "{} objects under {prefix}, {in_flight} in flight, {rounds} rounds",
         objects.len()
     );
     println!("| path | round | wall s | user s | sys s | CPU µs per GET |");
     println!("|---|---:|---:|---:|---:|---:|");
+    let paths = [("sdk", Path::Sdk), ("lean", Path::Lean)];
     for round in 1..=rounds {
-        let (sdk, lean) = (&sdk, &lean);
-        if only != Some("lean") {
-            let pass = measure(
-                &objects,
-                in_flight,
-                |o| async move { sdk_get(sdk, o).await },
-            )
+        for (name, path) in paths {
+            if only.is_some_and(|only| only != name) {
+                continue;
+            }
+            let gets = &gets;
+            let pass = measure(&objects, in_flight, |o| async move {
+                (gets.get(path, BUCKET, &o.key, &o.etag, o.size).await)
+                    .unwrap_or_else(|err| panic!("{name} GET {}: {err}", o.key))
+            })
             .await;
-            pass.print("sdk", round, objects.len());
-        }
-        if only != Some("sdk") {
-            let pass = measure(
-                &objects,
-                in_flight,
-                |o| async move { lean_get(lean, o).await },
-            )
-            .await;
-            pass.print("lean", round, objects.len());
+            pass.print(name, round, objects.len());
         }
     }
 }
@@ -200,73 +174,6 @@ where
         user: after.0 - before.0,
         sys: after.1 - before.1,
     }
-}
-
-async fn sdk_get(sdk: &aws_sdk_s3::Client, object: &Listed) -> u64 {
-    let response = sdk
-        .get_object()
-        .bucket(BUCKET)
-        .key(&object.key)
-        .checksum_mode(aws_sdk_s3::types::ChecksumMode::Enabled)
-        .if_match(&object.etag)
-        .send()
-        .await
-        .unwrap_or_else(|err| panic!("GET {}: {err:?}", object.key));
-    let mut body = response.body;
-    let mut received = 0;
-    while let Some(chunk) = body.next().await {
-        received += chunk.expect("body").len() as u64;
-    }
-    received
-}
-
-async fn lean_get(lean: &Lean, object: &Listed) -> u64 {
-    let uri = format!("{}/{BUCKET}/{}", lean.endpoint, object.key);
-    let headers = [
-        ("if-match", object.etag.as_str()),
-        ("x-amz-checksum-mode", "ENABLED"),
-    ];
-    let mut settings = SigningSettings::default();
-    settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
-    settings.percent_encoding_mode = PercentEncodingMode::Single;
-    settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
-    let params = v4::SigningParams::builder()
-        .identity(&lean.identity)
-        .region(&lean.region)
-        .name("s3")
-        .time(SystemTime::now())
-        .settings(settings)
-        .build()
-        .expect("signing params")
-        .into();
-    let signable = SignableRequest::new("GET", &uri, headers.into_iter(), SignableBody::Bytes(&[]))
-        .expect("signable request");
-    let (instructions, _) = sign(signable, &params).expect("signing").into_parts();
-    let mut request = hyper::Request::get(&uri);
-    for (name, value) in headers {
-        request = request.header(name, value);
-    }
-    let mut request = request.body(Empty::new()).expect("request");
-    instructions.apply_to_request_http1x(&mut request);
-    let response = lean
-        .client
-        .request(request)
-        .await
-        .unwrap_or_else(|err| panic!("GET {}: {err:?}", object.key));
-    assert!(
-        response.status().is_success(),
-        "GET {}: {}",
-        object.key,
-        response.status()
-    );
-    let mut body = response.into_body();
-    let mut received = 0;
-    while let Some(frame) = body.frame().await {
-        if let Ok(data) = frame.expect("body").into_data() {
-            received += data.len() as u64;
-        }
-    }
-    received
 }
 
 /// The process's user and system CPU time so far.

@@ -3,6 +3,8 @@
 //! its S3 implementation, the streamed listing, the checks every ranged GET's answer passes, and
 //! the one place where S3 and HTTP errors are classified into what hydrator does about them.
 
+#[doc(hidden)]
+pub mod bench_support;
 pub(crate) mod checksum;
 pub mod client;
 pub(crate) mod errors;

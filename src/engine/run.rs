@@ -33,10 +33,10 @@ use crate::report::{
     REPORT_VERSION,
 };
 use crate::snapshot;
+use crate::source::list;
 use crate::source::list::ObjectEntry;
 use crate::source::object_source::ObjectSource;
 use crate::source::s3::S3Source;
-use crate::source::{client, list};
 use crate::write::buffer::{BufferPool, WRITE_BUFFER_SIZE};
 use crate::write::commit::Committer;
 use crate::write::dest::Dest;
@@ -202,14 +202,8 @@ async fn prepare(
     let source = match hooks.source {
         Some(source) => source,
         None => {
-            let (settings, responses) = (cfg.client_settings(), &budget.slots.responses);
-            let (client, credentials) =
-                client::build_with_credentials(settings, responses.clone()).await;
-            Arc::new(S3Source::new(client, settings.anonymous).with_lean_gets(
-                settings,
-                credentials,
-                responses.clone(),
-            ))
+            let responses = budget.slots.responses.clone();
+            Arc::new(S3Source::for_settings(cfg.client_settings(), responses).await)
         }
     };
     let progress = Progress::start(cfg.progress, hooks.stats.clone());

@@ -78,25 +78,31 @@ pub struct ClientSettings {
 pub struct Responses {
     /// Throttling answers since the adaptive controller last looked.
     pub throttled: AtomicU64,
-    by_operation: Mutex<BTreeMap<(String, u16), u64>>,
+    /// (operation, status, count): a handful of entries, scanned without allocating.
+    counts: Mutex<Vec<(String, u16, u64)>>,
 }
 
 impl Responses {
     /// Answers so far, by (operation, HTTP status).
     pub(crate) fn by_operation(&self) -> BTreeMap<(String, u16), u64> {
-        self.by_operation.lock().expect("responses lock").clone()
+        let counts = self.counts.lock().expect("responses lock");
+        let by_operation = counts
+            .iter()
+            .map(|(op, status, n)| ((op.clone(), *status), *n));
+        by_operation.collect()
     }
 
     pub(crate) fn record(&self, operation: &str, status: u16) {
         if matches!(status, 429 | 503) {
             self.throttled.fetch_add(1, Relaxed);
         }
-        let mut counts = self.by_operation.lock().expect("responses lock");
-        match counts.get_mut(&(operation.to_string(), status)) {
-            Some(count) => *count += 1,
-            None => {
-                counts.insert((operation.to_string(), status), 1);
-            }
+        let mut counts = self.counts.lock().expect("responses lock");
+        let seen = counts
+            .iter_mut()
+            .find(|(op, s, _)| op == operation && *s == status);
+        match seen {
+            Some((_, _, count)) => *count += 1,
+            None => counts.push((operation.to_string(), status, 1)),
         }
     }
 }

@@ -4,14 +4,13 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use aws_credential_types::provider::SharedCredentialsProvider;
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::ChecksumMode;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 
 use super::checksum::full_object;
-use super::client::{ClientSettings, Responses};
+use super::client::{build_with_credentials, ClientSettings, Responses};
 use super::errors::classify;
 use super::lean::LeanGets;
 use super::list::ObjectEntry;
@@ -37,15 +36,15 @@ impl S3Source {
         }
     }
 
-    /// Sends whole-object GETs by the lean path where `settings` allow it.
-    pub(crate) fn with_lean_gets(
-        mut self,
-        settings: &ClientSettings,
-        credentials: Option<SharedCredentialsProvider>,
-        responses: Arc<Responses>,
-    ) -> Self {
-        self.lean = LeanGets::for_settings(settings, &self.client, credentials, responses);
-        self
+    /// The source `settings` describe, with the lean path for whole-object GETs where they
+    /// allow one; its answers are counted into `responses`.
+    pub(crate) async fn for_settings(settings: &ClientSettings, responses: Arc<Responses>) -> Self {
+        let (client, credentials) = build_with_credentials(settings, responses.clone()).await;
+        let lean = LeanGets::for_settings(settings, &client, credentials, responses);
+        Self {
+            lean,
+            ..Self::new(client, settings.anonymous)
+        }
     }
 
     fn classify<E, R>(

@@ -1,0 +1,67 @@
+//! hydrator's two request paths for whole-object GETs, open to `benches/requests.rs` so that it
+//! measures the code a sync runs rather than a copy of it.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+
+use super::client::{build_with_credentials, ClientSettings, Responses};
+use super::lean::LeanGets;
+use super::object_source::{ObjectRef, ObjectSource};
+use super::s3::S3Source;
+use crate::error::BoxError;
+
+/// Which way a GET goes.
+#[derive(Clone, Copy, Debug)]
+pub enum Path {
+    /// `GetObject` through the SDK client a sync builds.
+    Sdk,
+    /// The lean path (`source/lean.rs`), with no fallback to the SDK.
+    Lean,
+}
+
+pub struct WholeGets {
+    sdk: S3Source,
+    lean: LeanGets,
+}
+
+impl WholeGets {
+    /// Both paths for `settings`; `None` when the settings allow no lean path.
+    pub async fn new(settings: &ClientSettings) -> Option<Self> {
+        let responses = Arc::new(Responses::default());
+        let (client, credentials) = build_with_credentials(settings, responses.clone()).await;
+        let lean = LeanGets::for_settings(settings, &client, credentials, responses)?;
+        let sdk = S3Source::new(client, settings.anonymous);
+        Some(Self { sdk, lean })
+    }
+
+    /// GETs all `size` bytes of `key` as a sync GETs a single-part object (pinned to `etag`,
+    /// checked against the full-object checksum), by `path`; the bytes received.
+    pub async fn get(
+        &self,
+        path: Path,
+        bucket: &str,
+        key: &str,
+        etag: &str,
+        size: u64,
+    ) -> Result<u64, BoxError> {
+        let object = ObjectRef {
+            bucket,
+            key,
+            version_id: None,
+            etag,
+        };
+        let response = match path {
+            Path::Sdk => self.sdk.get(object, 0..size, true).await?,
+            Path::Lean => {
+                (self.lean.get(&object).await).ok_or("the lean path handed the GET on")?
+            }
+        };
+        let mut body = response.body;
+        let mut received = 0;
+        while let Some(chunk) = body.next().await {
+            received += chunk?.len() as u64;
+        }
+        Ok(received)
+    }
+}
