@@ -514,8 +514,8 @@ class PageReporting:
     def describe(self):
         if self.saved is None:
             return "free page reporting not present or not settable"
-        return (f"the VM's free page reporting turned off for the run (order {self.saved} → 11) "
-                "and the free memory touched once before it")
+        state = "already off" if self.saved == "11" else f"turned off for the run (order {self.saved} → 11)"
+        return f"the VM's free page reporting {state}, and the free memory touched once before the runs"
 
     def restore(self):
         if self.saved is not None:
