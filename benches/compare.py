@@ -571,8 +571,9 @@ def touch_free_memory(margin=2 * GiB):
     """Touches the free memory once, after page reporting is off. Memory the VM reported free
     earlier costs a host page fault on its first touch (about 3.5 s of system time per GiB here),
     and the kernel hands out reported and touched pages in no order, so which pages a tool's
-    page cache got decided its system time: W2 2.1 to 7.3 CPU-s for one hydrator build, runs in a
-    row, and 1.8 to 2.3 once the free memory had been touched. Page cache is left alone."""
+    page cache got decided its system time: 1.0 to 7.3 s on W2 for one hydrator build, runs in a
+    row, and 1.75 to 2.31 CPU-s in all once the free memory had been touched. Page cache is left
+    alone."""
     free = next(int(line.split()[1]) * 1024 for line in Path("/proc/meminfo").read_text().splitlines()
                 if line.startswith("MemFree:"))
     gibs = max(0, (free - margin) // GiB)
