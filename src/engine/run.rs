@@ -33,8 +33,7 @@ use crate::report::{
     REPORT_VERSION,
 };
 use crate::snapshot;
-use crate::source::list;
-use crate::source::list::ObjectEntry;
+use crate::source::list::{self, ObjectEntry};
 use crate::source::object_source::ObjectSource;
 use crate::source::s3::S3Source;
 use crate::write::buffer::{BufferPool, WRITE_BUFFER_SIZE};

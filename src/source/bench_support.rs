@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 
-use super::client::{build_with_credentials, ClientSettings, Responses};
+use super::client::ClientSettings;
 use super::lean::LeanGets;
 use super::object_source::{ObjectRef, ObjectSource};
 use super::s3::S3Source;
@@ -28,10 +28,8 @@ pub struct WholeGets {
 impl WholeGets {
     /// Both paths for `settings`; `None` when the settings allow no lean path.
     pub async fn new(settings: &ClientSettings) -> Option<Self> {
-        let responses = Arc::new(Responses::default());
-        let (client, credentials) = build_with_credentials(settings, responses.clone()).await;
-        let lean = LeanGets::for_settings(settings, &client, credentials, responses)?;
-        let sdk = S3Source::new(client, settings.anonymous);
+        let mut sdk = S3Source::for_settings(settings, Arc::default()).await;
+        let lean = sdk.lean.take()?;
         Some(Self { sdk, lean })
     }
 

@@ -132,21 +132,19 @@ impl LeanGets {
         if response.status() != hyper::StatusCode::OK {
             return None;
         }
-        let header = |name: &str| {
-            let value = response.headers().get(name)?.to_str().ok();
-            value.map(str::to_string)
-        };
+        let header = |name: &str| response.headers().get(name)?.to_str().ok();
         let etag = header("etag");
         let checksum = full_object(
             header("x-amz-checksum-type")
-                .map(|t| ChecksumType::from(t.as_str()))
+                .map(ChecksumType::from)
                 .as_ref(),
-            etag.as_deref().unwrap_or_default(),
-            header("x-amz-checksum-crc64nvme").as_deref(),
-            header("x-amz-checksum-crc32c").as_deref(),
-            header("x-amz-checksum-crc32").as_deref(),
+            etag.unwrap_or_default(),
+            header("x-amz-checksum-crc64nvme"),
+            header("x-amz-checksum-crc32c"),
+            header("x-amz-checksum-crc32"),
         );
         let content_length = header("content-length").and_then(|l| l.parse().ok());
+        let etag = etag.map(str::to_string);
         Some(GetResponse {
             etag,
             content_range: None,
@@ -256,7 +254,8 @@ impl CachedCredentials {
 #[cfg(test)]
 pub(crate) mod test_support {
     use super::*;
-    use crate::source::client::{build_with_credentials, StaticCredentials};
+    use crate::source::client::StaticCredentials;
+    use crate::source::s3::S3Source;
 
     pub(crate) fn settings(endpoint: &str, credentials: StaticCredentials) -> ClientSettings {
         ClientSettings {
@@ -275,9 +274,8 @@ pub(crate) mod test_support {
     /// The lean path `settings` give (if any), and the answers it records.
     pub(crate) async fn lean_for(settings: &ClientSettings) -> (Option<LeanGets>, Arc<Responses>) {
         let responses = Arc::new(Responses::default());
-        let (sdk, credentials) = build_with_credentials(settings, responses.clone()).await;
-        let lean = LeanGets::for_settings(settings, &sdk, credentials, responses.clone());
-        (lean, responses)
+        let source = S3Source::for_settings(settings, responses.clone()).await;
+        (source.lean, responses)
     }
 }
 

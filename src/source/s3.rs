@@ -23,7 +23,7 @@ pub(crate) struct S3Source {
     /// Requests go unsigned (`--no-sign-request`): a refusal means the bucket is not public.
     anonymous: bool,
     /// The fast path for whole-object GETs, where the settings allow one.
-    lean: Option<LeanGets>,
+    pub(super) lean: Option<LeanGets>,
 }
 
 impl S3Source {
