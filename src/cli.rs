@@ -9,6 +9,7 @@ use clap::builder::PossibleValue;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{self, IoBackendChoice, ProgressMode, SyncConfig, SyncConfigBuilder};
+use crate::console::Format;
 use crate::error::UsageError;
 use crate::source::url::S3Url;
 
@@ -33,15 +34,10 @@ pub struct Cli {
         value_enum,
         default_value = "text",
         env = "HYDRATOR_LOG_FORMAT",
+        hide_env_values = true,
         global = true
     )]
-    pub log_format: LogFormat,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
+    pub log_format: Format,
 }
 
 /// The command-line values of the settings' enums: their variants' names in kebab case.
@@ -61,6 +57,7 @@ macro_rules! value_enum {
     };
 }
 
+value_enum!(Format { Text => "text", Json => "json" });
 value_enum!(IoBackendChoice { Auto => "auto", IoUring => "io-uring", Pwrite => "pwrite" });
 value_enum!(ProgressMode { Auto => "auto", Bar => "bar", Log => "log", None => "none" });
 
@@ -81,15 +78,33 @@ pub enum Command {
     Lease(LeaseArgs),
     /// Run the CSI node plugin: serve datasets to pods as read-only inline volumes.
     Csi(CsiArgs),
+    /// Print a completion script for SHELL (e.g. `hydrator completions bash >
+    /// /etc/bash_completion.d/hydrator`).
+    Completions(CompletionsArgs),
+    /// Write the manual pages (hydrator.1 and one per subcommand) into DIR.
+    Man(ManArgs),
     /// Start an S3 server in-process, seed it with a generated dataset and sync it.
     #[cfg(feature = "demo")]
     Demo(DemoArgs),
 }
 
 #[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete in.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// Where to write the pages (created if missing).
+    pub dir: PathBuf,
+}
+
+#[derive(Debug, Args)]
 pub struct DaemonArgs {
     /// The catalog (TOML): cache root and quota, listeners, datasets. SIGHUP reloads it.
-    #[arg(long, env = "HYDRATOR_CONFIG")]
+    #[arg(long, env = "HYDRATOR_CONFIG", hide_env_values = true)]
     pub config: PathBuf,
 }
 
@@ -100,17 +115,19 @@ pub struct DaemonConnection {
     #[arg(
         long,
         env = "HYDRATOR_DAEMON",
+        hide_env_values = true,
         default_value = "unix:///run/hydrator/hydrator.sock"
     )]
     pub daemon: String,
     /// File holding the bearer token (needed over http://).
-    #[arg(long, env = "HYDRATOR_TOKEN_FILE")]
+    #[arg(long, env = "HYDRATOR_TOKEN_FILE", hide_env_values = true)]
     pub token_file: Option<PathBuf>,
     /// How long to keep asking a daemon that is not there (socket missing or connection
     /// refused, as while it restarts) before falling back or giving up.
     #[arg(
         long,
         env = "HYDRATOR_DAEMON_WAIT",
+        hide_env_values = true,
         default_value_t = 60,
         value_name = "SECONDS"
     )]
@@ -122,20 +139,21 @@ pub struct LeaseArgs {
     /// The dataset's name in the daemon's catalog.
     pub name: String,
     /// Who holds the lease (e.g. the pod UID; `warm --lease-holder` takes it first).
-    #[arg(long, env = "HYDRATOR_LEASE_HOLDER")]
+    #[arg(long, env = "HYDRATOR_LEASE_HOLDER", hide_env_values = true)]
     pub holder: String,
     /// Lease length in seconds: it is renewed every third of it, so a pod that dies without
     /// releasing pins its snapshot for at most this long.
     #[arg(
         long,
         env = "HYDRATOR_LEASE_TTL",
+        hide_env_values = true,
         default_value_t = 300,
         value_name = "SECONDS"
     )]
     pub ttl: u64,
     /// The ready directory `warm --path-file` wrote: its snapshot is the one leased, so the
     /// files the pod reads are the files pinned.
-    #[arg(long, env = "HYDRATOR_PATH_FILE")]
+    #[arg(long, env = "HYDRATOR_PATH_FILE", hide_env_values = true)]
     pub path_file: Option<PathBuf>,
     #[command(flatten)]
     pub connection: DaemonConnection,
@@ -144,15 +162,21 @@ pub struct LeaseArgs {
 #[derive(Debug, Args)]
 pub struct CsiArgs {
     /// Where the kubelet talks to the plugin.
-    #[arg(long, env = "CSI_ENDPOINT", default_value = "unix:///csi/csi.sock")]
+    #[arg(
+        long,
+        env = "CSI_ENDPOINT",
+        hide_env_values = true,
+        default_value = "unix:///csi/csi.sock"
+    )]
     pub endpoint: String,
     /// This node's name (the kubelet's node name).
-    #[arg(long, env = "NODE_NAME")]
+    #[arg(long, env = "NODE_NAME", hide_env_values = true)]
     pub node_id: String,
     /// The driver name pods use in their `csi:` volumes.
     #[arg(
         long,
         env = "HYDRATOR_CSI_DRIVER",
+        hide_env_values = true,
         default_value = "cache.hydrator.dev"
     )]
     pub driver_name: String,
@@ -160,6 +184,7 @@ pub struct CsiArgs {
     #[arg(
         long,
         env = "HYDRATOR_CSI_STATE",
+        hide_env_values = true,
         default_value = "/var/lib/hydrator-csi"
     )]
     pub state_dir: PathBuf,
@@ -167,6 +192,7 @@ pub struct CsiArgs {
     #[arg(
         long,
         env = "HYDRATOR_CSI_PODS_DIR",
+        hide_env_values = true,
         default_value = "/var/lib/kubelet/pods"
     )]
     pub pods_dir: PathBuf,
@@ -180,23 +206,24 @@ pub struct WarmArgs {
     pub name: String,
     #[command(flatten)]
     pub connection: DaemonConnection,
-    /// Wait until the dataset is ready (or failed), showing progress.
-    #[arg(long, env = "HYDRATOR_WAIT")]
+    /// Wait until the dataset is ready (or failed), showing progress; during a refresh, wait
+    /// for the new snapshot (without it, the snapshot held meanwhile is served at once).
+    #[arg(long, env = "HYDRATOR_WAIT", hide_env_values = true, value_parser = clap::builder::BoolishValueParser::new())]
     pub wait: bool,
     /// Give up waiting after this many seconds.
-    #[arg(long, env = "HYDRATOR_WAIT_TIMEOUT")]
+    #[arg(long, env = "HYDRATOR_WAIT_TIMEOUT", hide_env_values = true)]
     pub timeout: Option<u64>,
     /// Lease the ready snapshot for this holder (e.g. the pod UID) so it is not evicted.
-    #[arg(long, env = "HYDRATOR_LEASE_HOLDER")]
+    #[arg(long, env = "HYDRATOR_LEASE_HOLDER", hide_env_values = true)]
     pub lease_holder: Option<String>,
     /// Lease length in seconds (default: the daemon's).
-    #[arg(long, env = "HYDRATOR_LEASE_TTL")]
+    #[arg(long, env = "HYDRATOR_LEASE_TTL", hide_env_values = true)]
     pub lease_ttl: Option<u64>,
     /// Also write the ready directory into this file (for a trainer in another container).
-    #[arg(long, env = "HYDRATOR_PATH_FILE")]
+    #[arg(long, env = "HYDRATOR_PATH_FILE", hide_env_values = true)]
     pub path_file: Option<PathBuf>,
     /// When no daemon answers, sync SOURCE into DEST directly (then DEST is printed).
-    #[arg(long, num_args = 2, value_names = ["SOURCE", "DEST"], env = "HYDRATOR_FALLBACK", value_delimiter = ' ')]
+    #[arg(long, num_args = 2, value_names = ["SOURCE", "DEST"], env = "HYDRATOR_FALLBACK", hide_env_values = true, value_delimiter = ' ')]
     pub fallback: Vec<String>,
     /// Options of the fallback sync.
     #[command(flatten)]
@@ -210,7 +237,7 @@ pub struct SyncArgs {
     #[arg(required = true, num_args = 1..=2, value_names = ["SOURCE", "DEST"])]
     pub paths: Vec<String>,
     /// Hydrate exactly the objects recorded in this snapshot file (see `hydrator snapshot`).
-    #[arg(long, env = "HYDRATOR_SNAPSHOT")]
+    #[arg(long, env = "HYDRATOR_SNAPSHOT", hide_env_values = true)]
     pub snapshot: Option<PathBuf>,
     /// Print what would be downloaded, resumed, skipped and deleted, with bytes, and write
     /// nothing (not even DEST or DEST/.hydrator).
@@ -222,30 +249,31 @@ pub struct SyncArgs {
 
 /// Where the S3 server is.
 #[derive(Debug, Args, Clone)]
+#[command(next_help_heading = "S3 connection")]
 pub struct ConnectionOptions {
     /// S3 endpoint for MinIO, Ceph RGW, Garage... (default: AWS).
-    #[arg(long, env = "AWS_ENDPOINT_URL")]
+    #[arg(long, env = "AWS_ENDPOINT_URL", hide_env_values = true)]
     pub endpoint_url: Option<String>,
     /// Region (default: the AWS chain; us-east-1 with a custom endpoint).
-    #[arg(long, env = "AWS_REGION")]
+    #[arg(long, env = "AWS_REGION", hide_env_values = true)]
     pub region: Option<String>,
     /// Path-style addressing (default: on when an endpoint is given).
-    #[arg(long, env = "HYDRATOR_PATH_STYLE")]
+    #[arg(long, env = "HYDRATOR_PATH_STYLE", hide_env_values = true)]
     pub path_style: Option<bool>,
     /// A named profile of ~/.aws/config and ~/.aws/credentials (default: AWS_PROFILE, then
     /// "default").
-    #[arg(long, env = "AWS_PROFILE")]
+    #[arg(long, env = "AWS_PROFILE", hide_env_values = true)]
     pub profile: Option<String>,
     /// Send requests unsigned, for public buckets (open data).
-    #[arg(long, env = "HYDRATOR_NO_SIGN_REQUEST")]
+    #[arg(long, env = "HYDRATOR_NO_SIGN_REQUEST", hide_env_values = true, value_parser = clap::builder::BoolishValueParser::new())]
     pub no_sign_request: bool,
     /// PEM file of CA certificates to trust besides the system's (an in-house CA for an
     /// on-prem HTTPS endpoint). SSL_CERT_FILE replaces the system's roots instead.
-    #[arg(long, env = "AWS_CA_BUNDLE")]
+    #[arg(long, env = "AWS_CA_BUNDLE", hide_env_values = true)]
     pub ca_bundle: Option<PathBuf>,
     /// Accept any server certificate (warned on every run): a test endpoint with a
     /// self-signed certificate. Prefer --ca-bundle.
-    #[arg(long, env = "HYDRATOR_NO_VERIFY_SSL")]
+    #[arg(long, env = "HYDRATOR_NO_VERIFY_SSL", hide_env_values = true, value_parser = clap::builder::BoolishValueParser::new())]
     pub no_verify_ssl: bool,
 }
 
@@ -255,44 +283,105 @@ pub struct SyncOptions {
     pub connection: ConnectionOptions,
     /// Bytes a second to receive at most, across all requests (e.g. 500MiB): leaves room on a
     /// network shared with training traffic.
-    #[arg(long, env = "HYDRATOR_MAX_BANDWIDTH", value_parser = crate::units::parse_size, value_name = "RATE")]
+    #[arg(long, env = "HYDRATOR_MAX_BANDWIDTH", hide_env_values = true, value_parser = crate::units::parse_size, value_name = "RATE", help_heading = "Transfer")]
     pub max_bandwidth: Option<u64>,
     /// GET requests a second to send at most, across all requests.
-    #[arg(long, env = "HYDRATOR_MAX_REQUESTS_PER_SECOND", value_name = "N")]
+    #[arg(
+        long,
+        env = "HYDRATOR_MAX_REQUESTS_PER_SECOND",
+        hide_env_values = true,
+        value_name = "N",
+        help_heading = "Transfer"
+    )]
     pub max_requests_per_second: Option<f64>,
     /// Ranged GETs in flight: auto (start at 4 full parts' worth, climb while throughput
     /// grows, up to 64; GETs under 8 MiB weigh less) or a fixed number.
-    #[arg(long, env = "HYDRATOR_CONCURRENCY", default_value = "auto", value_parser = config::parse_concurrency)]
+    #[arg(long, env = "HYDRATOR_CONCURRENCY", hide_env_values = true, default_value = "auto", value_parser = config::parse_concurrency, help_heading = "Transfer")]
     pub(crate) concurrency: config::Concurrency,
     /// Part size: a power of two ≥ 1MiB (e.g. 8MiB, 16M, 1048576).
-    #[arg(long, env = "HYDRATOR_PART_SIZE", default_value = "8MiB", value_parser = crate::units::parse_size)]
+    #[arg(long, env = "HYDRATOR_PART_SIZE", hide_env_values = true, default_value = "8MiB", value_parser = crate::units::parse_size, help_heading = "Transfer")]
     pub part_size: u64,
     /// Only paths (relative to PREFIX) matching one of these globs; repeatable, ';'-separated in the env.
-    #[arg(long, env = "HYDRATOR_INCLUDE", value_delimiter = ';')]
+    #[arg(
+        long,
+        env = "HYDRATOR_INCLUDE",
+        hide_env_values = true,
+        value_delimiter = ';',
+        help_heading = "Filters"
+    )]
     pub include: Vec<String>,
     /// Skip paths matching any of these globs; repeatable, ';'-separated in the env.
-    #[arg(long, env = "HYDRATOR_EXCLUDE", value_delimiter = ';')]
+    #[arg(
+        long,
+        env = "HYDRATOR_EXCLUDE",
+        hide_env_values = true,
+        value_delimiter = ';',
+        help_heading = "Filters"
+    )]
     pub exclude: Vec<String>,
     /// Write backend: auto probes io_uring and falls back to pwrite.
-    #[arg(long, value_enum, env = "HYDRATOR_IO_BACKEND", default_value = "auto")]
+    #[arg(
+        long,
+        value_enum,
+        env = "HYDRATOR_IO_BACKEND",
+        hide_env_values = true,
+        default_value = "auto",
+        help_heading = "Transfer"
+    )]
     pub io_backend: IoBackendChoice,
     /// Bypass the page cache (O_DIRECT) for datasets larger than memory.
-    #[arg(long, env = "HYDRATOR_DIRECT_IO")]
+    #[arg(
+        long,
+        env = "HYDRATOR_DIRECT_IO",
+        hide_env_values = true,
+        help_heading = "Transfer"
+    , value_parser = clap::builder::BoolishValueParser::new())]
     pub direct_io: bool,
     /// Write a JSON report here.
-    #[arg(long, env = "HYDRATOR_REPORT")]
+    #[arg(
+        long,
+        env = "HYDRATOR_REPORT",
+        hide_env_values = true,
+        help_heading = "Output"
+    )]
     pub report: Option<PathBuf>,
     /// Progress display: bars on a terminal, log lines otherwise.
-    #[arg(long, value_enum, env = "HYDRATOR_PROGRESS", default_value = "auto")]
+    #[arg(
+        long,
+        value_enum,
+        env = "HYDRATOR_PROGRESS",
+        hide_env_values = true,
+        default_value = "auto",
+        help_heading = "Output"
+    )]
     pub(crate) progress: ProgressMode,
     /// Remove local files that are not in the source (never follows symlinks, never touches
     /// .hydrator/, keeps paths the filters exclude).
-    #[arg(long, env = "HYDRATOR_DELETE")]
+    #[arg(
+        long,
+        env = "HYDRATOR_DELETE",
+        hide_env_values = true,
+        help_heading = "Filters"
+    , value_parser = clap::builder::BoolishValueParser::new())]
     pub delete: bool,
     /// Give up after this many seconds waiting for another hydrator on the same DEST
     /// (default: wait).
-    #[arg(long, env = "HYDRATOR_LOCK_TIMEOUT")]
+    #[arg(
+        long,
+        env = "HYDRATOR_LOCK_TIMEOUT",
+        hide_env_values = true,
+        help_heading = "Transfer"
+    )]
     pub lock_timeout: Option<u64>,
+    /// Accept a selection that holds no object (by default an empty prefix, or filters that
+    /// keep nothing, is a usage error: exit 2, no READY).
+    #[arg(
+        long,
+        env = "HYDRATOR_ALLOW_EMPTY",
+        hide_env_values = true,
+        help_heading = "Filters"
+    , value_parser = clap::builder::BoolishValueParser::new())]
+    pub allow_empty: bool,
 }
 
 #[derive(Debug, Args)]
@@ -402,6 +491,7 @@ impl SyncOptions {
             progress: self.progress,
             delete: self.delete,
             lock_timeout: self.lock_timeout.map(std::time::Duration::from_secs),
+            allow_empty: self.allow_empty,
             ..self.connection.apply(config)
         }
     }

@@ -1,8 +1,11 @@
 //! Runs a subcommand: `sync` and `demo` through the engine, `daemon`, `warm`, `lease` and
 //! `csi` through their modules, `verify` and `snapshot` here; and how a run's outcome is shown.
 
-use crate::cli::{Command, SnapshotArgs, VerifyArgs};
+use clap::CommandFactory;
+
+use crate::cli::{Cli, Command, SnapshotArgs, VerifyArgs};
 use crate::config::SyncConfig;
+use crate::console::{self, Level};
 use crate::engine::{self, Outcome};
 use crate::error::{Exit, IoContext, SyncError, UsageError};
 use crate::source::client;
@@ -29,34 +32,79 @@ pub async fn run(command: Command) -> Result<Exit, SyncError> {
         Command::Warm(args) => crate::warm::run(args).await,
         Command::Lease(args) => crate::lease::run(args).await,
         Command::Csi(args) => crate::csi::run(args).await,
+        Command::Completions(args) => {
+            let mut command = Cli::command();
+            let mut script = Vec::new();
+            clap_complete::generate(args.shell, &mut command, "hydrator", &mut script);
+            std::io::Write::write_all(&mut std::io::stdout().lock(), &script)
+                .local("writing the completion script to", "stdout")?;
+            Ok(Exit::Success)
+        }
+        Command::Man(args) => {
+            write_man_pages(&args.dir).local("writing manual pages into", &args.dir)?;
+            crate::out!("hydrator: manual pages written into {}", args.dir.display());
+            Ok(Exit::Success)
+        }
     }
 }
 
+/// `hydrator.1` and `hydrator-SUBCOMMAND.1` for each subcommand, from the clap definitions.
+fn write_man_pages(dir: &std::path::Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    clap_mangen::generate_to(Cli::command(), dir)
+}
+
 async fn verify(args: VerifyArgs) -> Result<Exit, SyncError> {
-    let mode = match (args.dry_run, args.repair) {
-        (true, _) => check::Mode::ReadOnly,
-        (false, true) => check::Mode::Repair,
-        (false, false) => check::Mode::Check,
+    let options = &args.options;
+    let scoped = !options.include.is_empty() || !options.exclude.is_empty() || options.delete;
+    if scoped && !args.repair {
+        return Err(UsageError::new(
+            "verify checks every file the manifest holds: --include, --exclude and --delete apply to --repair's sync only",
+        )
+        .into());
+    }
+    let mode = match args.repair && !args.dry_run {
+        true => check::Mode::Repair,
+        false => check::Mode::ReadOnly,
     };
     let (findings, source) = check::verify(&args.dest, mode).await?;
     let lists = [
-        ("missing", &findings.missing),
-        ("corrupt", &findings.corrupt),
-        ("unexpected", &findings.unexpected),
+        (Level::Error, "missing", &findings.missing),
+        (Level::Error, "corrupt", &findings.corrupt),
+        (Level::Info, "not in the source", &findings.foreign),
     ];
-    for (what, paths) in lists {
+    for (level, what, paths) in lists {
         for path in paths.iter().take(50) {
-            eprintln!("hydrator: verify: {what}: {path}");
+            console::say(
+                level,
+                format_args!("verify: {what}: {path}"),
+                Some(&serde_json::json!({ "finding": what, "path": path })),
+            );
         }
     }
-    println!(
-        "hydrator: verified {} files in {}: {} missing, {} corrupt, {} unexpected",
+    let line = format!(
+        "hydrator: verified {} files in {}: {} missing, {} corrupt; {} files not in the source{}",
         findings.checked,
         args.dest.display(),
         findings.missing.len(),
         findings.corrupt.len(),
-        findings.unexpected.len()
+        findings.foreign.len(),
+        match findings.foreign.is_empty() {
+            true => "",
+            false => " (kept: sync --delete removes them)",
+        }
     );
+    crate::out!("{line}");
+    if console::json() {
+        let counts = serde_json::json!({
+            "dest": args.dest.display().to_string(),
+            "checked": findings.checked,
+            "missing": findings.missing.len(),
+            "corrupt": findings.corrupt.len(),
+            "foreign": findings.foreign.len(),
+        });
+        console::say(Level::Info, &line, Some(&counts));
+    }
     if !args.repair {
         return Ok(if findings.clean() {
             Exit::Success
@@ -123,7 +171,7 @@ async fn snapshot(args: SnapshotArgs) -> Result<Exit, SyncError> {
     let snapshot = snapshot::create(client, &url, settings).await?;
     snapshot::write(&args.output, &snapshot).local("writing", &args.output)?;
     let versioned = snapshot.entries.iter().filter(|e| e.version_id.is_some());
-    println!(
+    crate::out!(
         "hydrator: snapshot of {url}: {} objects ({}), {} pinned to a version id, the rest to their ETag; digest {} written to {}",
         snapshot.objects,
         crate::units::human_bytes(snapshot.bytes),

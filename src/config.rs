@@ -69,6 +69,8 @@ pub(crate) struct SyncConfig {
     pub max_requests_per_second: Option<f64>,
     /// Say what the run would do and write nothing (`--dry-run`).
     pub dry_run: bool,
+    /// A selection that holds no object is a dataset, not a mistake (`--allow-empty`).
+    pub allow_empty: bool,
 }
 
 impl SyncConfig {
@@ -99,6 +101,7 @@ impl SyncConfig {
             max_bandwidth: None,
             max_requests_per_second: None,
             dry_run: false,
+            allow_empty: false,
         }
     }
 
@@ -131,8 +134,11 @@ impl SyncConfig {
         let client = &self.client;
         if client.no_verify_ssl && client.ca_bundle.is_some() {
             return Err(UsageError::new(
-                "--no-verify-ssl checks no certificate, so --ca-bundle would change nothing: give one of them",
+                "--no-verify-ssl checks no certificate, so --ca-bundle (or AWS_CA_BUNDLE) would change nothing: give one of them",
             ));
+        }
+        if let Some(profile) = &client.profile {
+            check_profile(profile)?;
         }
         if client.anonymous && (client.credentials.is_some() || client.profile.is_some()) {
             return Err(UsageError::new(
@@ -200,6 +206,7 @@ pub(crate) struct SyncConfigBuilder {
     pub max_bandwidth: Option<u64>,
     pub max_requests_per_second: Option<f64>,
     pub dry_run: bool,
+    pub allow_empty: bool,
 }
 
 impl SyncConfigBuilder {
@@ -237,10 +244,42 @@ impl SyncConfigBuilder {
             max_bandwidth: self.max_bandwidth,
             max_requests_per_second: self.max_requests_per_second,
             dry_run: self.dry_run,
+            allow_empty: self.allow_empty,
         };
         config.validate()?;
         Ok(config)
     }
+}
+
+/// A `--profile` that no shared AWS file defines is a usage error that names it, rather than
+/// the credential chain's "none found" after the first request.
+fn check_profile(name: &str) -> Result<(), UsageError> {
+    use aws_runtime::env_config::file::EnvConfigFiles;
+    use aws_types::os_shim_internal::{Env, Fs};
+    let files = EnvConfigFiles::default();
+    // The loader reads the files with std::fs: nothing in it needs a runtime.
+    let loaded = futures::executor::block_on(aws_config::profile::load(
+        &Fs::real(),
+        &Env::real(),
+        &files,
+        None,
+    ));
+    let known = match loaded {
+        Ok(set) if set.get_profile(name).is_some() => return Ok(()),
+        Ok(set) => set.profiles().map(str::to_string).collect::<Vec<_>>(),
+        Err(err) => {
+            return Err(UsageError::new(format!(
+                "--profile {name}: the AWS config files cannot be read: {err}"
+            )))
+        }
+    };
+    let defined = match known.is_empty() {
+        true => "they define no profile".to_string(),
+        false => format!("they define {}", known.join(", ")),
+    };
+    Err(UsageError::new(format!(
+        "--profile {name} (or AWS_PROFILE): no such profile in the AWS config and credentials files (AWS_CONFIG_FILE, AWS_SHARED_CREDENTIALS_FILE; by default ~/.aws/config and ~/.aws/credentials): {defined}"
+    )))
 }
 
 /// The certificates of a `--ca-bundle` file: PEM with at least one certificate.

@@ -2,7 +2,7 @@
 //!
 //! A missing socket or a refused connection is asked again with back-off for the caller's
 //! `--daemon-wait` (the socket is gone while the daemon restarts), and only then counts as no
-//! daemon. Every call has a deadline, so a daemon that accepts and never answers cannot hang a
+//! daemon; a missing socket directory counts at once (no daemon is installed on the node). Every call has a deadline, so a daemon that accepts and never answers cannot hang a
 //! pod. A permission error means a daemon is there but this process may not use it.
 
 use std::path::PathBuf;
@@ -14,6 +14,7 @@ use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 
 use crate::cli::DaemonConnection;
+use crate::console::Level;
 use crate::daemon::protocol::ErrorBody;
 use crate::engine::retry::Backoff;
 use crate::error::UsageError;
@@ -124,6 +125,12 @@ impl Client {
                     )))
                 }
             };
+            if let Some(dir) = self.not_installed() {
+                let dir = dir.display();
+                return Err(CallError::Unreachable(format!(
+                    "{why}; {dir} does not exist: no daemon is installed on this node"
+                )));
+            }
             let waited = absent_since.get_or_insert_with(Instant::now).elapsed();
             let pause = RECONNECT.ceiling(retries);
             let past_deadline = self.deadline.is_some_and(|d| Instant::now() + pause >= d);
@@ -131,14 +138,24 @@ impl Client {
                 return Err(CallError::Unreachable(why));
             }
             if retries == 0 {
-                eprintln!(
-                    "hydrator: {}: no daemon answers yet ({why}); asking again for up to {} s",
+                crate::note!(
+                    Level::Warn,
+                    "{}: no daemon answers yet ({why}); asking again for up to {} s",
                     self.command,
                     self.daemon_wait.as_secs()
                 );
             }
             tokio::time::sleep(pause.min(self.daemon_wait - waited)).await;
             retries += 1;
+        }
+    }
+
+    /// The socket's directory, when it does not exist: the daemon that creates it is not
+    /// installed on this node (a restarting daemon leaves its directory), so waiting is futile.
+    fn not_installed(&self) -> Option<&std::path::Path> {
+        match &self.endpoint {
+            Endpoint::Unix(socket) => socket.parent().filter(|dir| !dir.exists()),
+            Endpoint::Tcp(_) => None,
         }
     }
 

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 
 use crate::cli::DemoArgs;
 use crate::config::{SyncConfig, SyncConfigBuilder};
+use crate::console::Level;
 use crate::engine::{self, Outcome};
 use crate::error::{Exit, IoContext, SyncError};
 use crate::source::url::S3Url;
@@ -39,11 +40,11 @@ pub(crate) async fn run(args: DemoArgs) -> Result<Outcome, SyncError> {
     let server = server::EmbeddedS3::start(&server_root)
         .await
         .local("demo: starting the S3 server in", &server_root)?;
-    println!("demo: S3 server listening on {}", server.endpoint);
+    crate::out!("demo: S3 server listening on {}", server.endpoint);
     let expected = dataset::seed(&server, BUCKET, PREFIX, args.size)
         .await
         .map_err(SyncError::Source)?;
-    println!(
+    crate::out!(
         "demo: seeded s3://{BUCKET}/{PREFIX} with {} objects ({}); mirroring into {}",
         expected.len(),
         crate::units::human_bytes(expected.iter().map(|f| f.size).sum()),
@@ -66,20 +67,21 @@ pub(crate) async fn run(args: DemoArgs) -> Result<Outcome, SyncError> {
     let mut outcome = engine::run(cfg).await?;
     if outcome.exit == Exit::Success {
         match dataset::verify(&dest, &expected) {
-            Ok(None) => println!(
+            Ok(None) => crate::out!(
                 "demo: re-read all {} files from {}: every byte matches the source",
                 expected.len(),
                 dest.display()
             ),
             Ok(Some(path)) => {
-                eprintln!(
+                crate::note!(
+                    Level::Error,
                     "demo: verification failed: {} differs from the source",
                     path.display()
                 );
                 outcome.exit = Exit::Failed;
             }
             Err(err) => {
-                eprintln!("demo: verification failed: {err}");
+                crate::note!(Level::Error, "demo: verification failed: {err}");
                 outcome.exit = Exit::Failed;
             }
         }

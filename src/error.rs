@@ -137,9 +137,9 @@ pub enum SourceErrorKind {
     Refused(HttpAnswer),
     #[error("timed out")]
     Timeout,
-    #[error("no usable credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile, or web identity): {0}")]
+    #[error("no usable credentials ({0}): set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile (--profile, AWS_PROFILE) or web identity (AWS_ROLE_ARN, AWS_WEB_IDENTITY_TOKEN_FILE); a public bucket takes --no-sign-request")]
     NoCredentials(String),
-    #[error("connection failed: {0}")]
+    #[error("cannot connect: {0}")]
     Connection(String),
     /// TLS: the server's certificate is not trusted or names another host.
     #[error("the server's certificate is not trusted: {0}; if your own CA signed it, give its certificate with --ca-bundle (AWS_CA_BUNDLE), and reach the server by a name the certificate holds")]

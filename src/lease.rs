@@ -16,6 +16,7 @@ use hyper::{Method, StatusCode};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cli::LeaseArgs;
+use crate::console::Level;
 use crate::daemon::protocol::{Lease, LeaseRequest};
 use crate::daemon_client::{explain, percent_encode, CallError, Client};
 use crate::error::{Exit, LeaseError, SyncError, UsageError};
@@ -60,8 +61,9 @@ pub(crate) async fn run(args: LeaseArgs) -> Result<Exit, SyncError> {
                     .saturating_sub(crate::daemon::registry::now_unix());
                 every = (Duration::from_secs(granted) / 3).clamp(MIN_RENEWAL, every);
                 if !held {
-                    eprintln!(
-                        "hydrator: lease: {} holds {} snapshot {}; renewing every {} s",
+                    crate::note!(
+                        Level::Info,
+                        "lease: {} holds {} snapshot {}; renewing every {} s",
                         args.holder,
                         args.name,
                         lease.snapshot,
@@ -73,7 +75,7 @@ pub(crate) async fn run(args: LeaseArgs) -> Result<Exit, SyncError> {
             }
             Err(Renewal::Fatal(err)) => return Err(err.into()),
             Err(Renewal::Later(why)) => {
-                eprintln!("hydrator: lease: renewing failed ({why}); trying again");
+                crate::note!(Level::Warn, "lease: renewing failed ({why}); trying again");
                 (every / 4).max(MIN_RENEWAL)
             }
         };
@@ -124,7 +126,7 @@ async fn renew(
 async fn release(client: &Client, path: &str, args: &LeaseArgs) -> Result<(), LeaseError> {
     match client.call(Method::DELETE, path, None).await {
         Ok((StatusCode::NO_CONTENT | StatusCode::NOT_FOUND, _)) => {
-            eprintln!("hydrator: lease: {} released {}", args.holder, args.name);
+            crate::note!(Level::Info, "lease: {} released {}", args.holder, args.name);
             Ok(())
         }
         Ok((code, body)) => Err(LeaseError::NotReleased(explain(code, &body))),

@@ -10,6 +10,7 @@
 pub mod cli;
 pub mod commands;
 pub mod config;
+pub mod console;
 pub mod csi;
 pub(crate) mod daemon;
 pub(crate) mod daemon_client;

@@ -3,11 +3,13 @@ use std::process::ExitCode;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-use hydrator::cli::{Cli, LogFormat};
+use hydrator::cli::Cli;
+use hydrator::console::{self, Format, Level};
 use hydrator::error::Exit;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    console::init(cli.log_format);
     init_logging(cli.verbose, cli.quiet, cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -15,7 +17,11 @@ fn main() -> ExitCode {
     {
         Ok(runtime) => runtime,
         Err(err) => {
-            eprintln!("hydrator: cannot start the async runtime: {err}");
+            console::say(
+                Level::Error,
+                format_args!("cannot start the async runtime: {err}"),
+                None,
+            );
             return Exit::Failed.into();
         }
     };
@@ -23,13 +29,13 @@ fn main() -> ExitCode {
     match result {
         Ok(exit) => exit.into(),
         Err(err) => {
-            eprintln!("hydrator: error: {err}");
+            console::say(Level::Error, format_args!("error: {err}"), None);
             err.exit().into()
         }
     }
 }
 
-fn init_logging(verbose: u8, quiet: u8, format: LogFormat) {
+fn init_logging(verbose: u8, quiet: u8, format: Format) {
     let level = match (verbose, quiet) {
         (0, 0) => "info",
         (1, _) => "debug",
@@ -37,14 +43,17 @@ fn init_logging(verbose: u8, quiet: u8, format: LogFormat) {
         (_, 1) => "warn",
         _ => "error",
     };
-    // The crate's own level; the SDK's internals stay at warn unless RUST_LOG says otherwise.
+    // The crate's own level; the SDK's internals stay at warn unless RUST_LOG says otherwise,
+    // and its credential chain at error: what it warns of (every provider it tried, at length)
+    // the error that follows names in one line.
     let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(format!("warn,hydrator={level}")));
+        .unwrap_or_else(|_| EnvFilter::new(format!("warn,aws_config=error,hydrator={level}")));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(console::colour())
         .with_writer(std::io::stderr);
     match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
+        Format::Text => builder.init(),
+        Format::Json => builder.json().init(),
     }
 }

@@ -191,8 +191,42 @@ pub(crate) fn parse_hex32(text: &str) -> Option<[u8; 32]> {
 /// differ (a Service name instead of an IP, a second gateway to the same store): every part is
 /// pinned to its ETag, so what was mirrored through one address stays valid through another.
 /// Filters and snapshot may differ too.
-fn same_dataset(a: &SourceInfo, b: &SourceInfo) -> bool {
+pub(crate) fn same_dataset(a: &SourceInfo, b: &SourceInfo) -> bool {
     a.bucket == b.bucket && a.prefix == b.prefix
+}
+
+/// The source the manifest in `dir` records (its base's, else its journal's), if any.
+fn recorded_source(dir: &Dir) -> io::Result<Option<SourceInfo>> {
+    if let Some((source, _)) = BaseReader::open(dir)? {
+        return Ok(Some(source));
+    }
+    match dir.open_file(JOURNAL, OFlags::RDONLY) {
+        Ok(mut file) => journal::read_from_start(&mut file)?.header(),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(err) => Err(err),
+    }
+}
+
+/// The dataset whose files DEST holds: the source the manifest in `dir` records, when it
+/// records at least one object (in its base or its journal). A manifest of no object (a run
+/// that found nothing to mirror) holds no dataset.
+pub(crate) fn recorded_dataset(dir: &Dir) -> io::Result<Option<SourceInfo>> {
+    if let Some((source, mut base)) = BaseReader::open(dir)? {
+        if base.next_object()?.is_some() {
+            return Ok(Some(source));
+        }
+    }
+    let mut file = match dir.open_file(JOURNAL, OFlags::RDONLY) {
+        Ok(file) => file,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(err) => return Err(err),
+    };
+    let mut records = journal::read_from_start(&mut file)?;
+    let source = records.header()?;
+    Ok(match records.next_record()? {
+        Some(_) => source,
+        None => None,
+    })
 }
 
 /// The open manifest of a DEST. The caller holds DEST's lock.
@@ -265,18 +299,10 @@ impl Manifest {
 
     /// Opens the manifest of DEST as it is, whatever its source (for `verify`).
     pub(crate) fn open_existing(dir: Dir) -> io::Result<Option<(SourceInfo, Self)>> {
-        let source = match BaseReader::open(&dir)? {
-            Some((source, _)) => source,
-            None => match dir.open_file(JOURNAL, OFlags::RDONLY) {
-                Ok(mut file) => match journal::read_from_start(&mut file)?.header()? {
-                    Some(source) => source,
-                    None => return Ok(None),
-                },
-                Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
-                Err(err) => return Err(err),
-            },
-        };
-        Ok(Some((source.clone(), Self::open(dir, &source)?)))
+        match recorded_source(&dir)? {
+            Some(source) => Ok(Some((source.clone(), Self::open(dir, &source)?))),
+            None => Ok(None),
+        }
     }
 
     /// Reads the base in ascending key order, from its start.

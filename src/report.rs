@@ -57,6 +57,9 @@ pub(crate) struct ObjectCounts {
     pub directory_markers: u64,
     /// Local files removed by `--delete`.
     pub deleted: u64,
+    /// Files in DEST (in the filters' scope) that are not part of the source, kept because
+    /// `--delete` was not given.
+    pub foreign: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -112,7 +115,7 @@ impl Summary {
     pub(crate) fn one_line(&self) -> String {
         let o = &self.objects;
         if self.dry_run {
-            return format!(
+            let line = format!(
                 "hydrator: dry run of {} to {}: {} objects ({}): would download {} ({}, {} of it resumed from disk), {} up to date ({}), {} would fail, {} local files would be deleted; nothing written",
                 self.source,
                 self.dest,
@@ -126,9 +129,10 @@ impl Summary {
                 o.failed,
                 o.deleted,
             );
+            return line + &self.foreign_note();
         }
-        format!(
-            "hydrator: {} {} objects ({}) from {} to {}: {} downloaded, {} up to date, {} failed in {:.1} s ({}/s, {})",
+        let mut line = format!(
+            "hydrator: {} {} objects ({}) from {} to {}: {} downloaded, {} up to date, {} failed",
             match self.result {
                 RunResult::Complete => "mirrored",
                 RunResult::Failed => "INCOMPLETE:",
@@ -140,13 +144,40 @@ impl Summary {
             o.downloaded,
             o.skipped,
             o.failed,
+        );
+        let extras = [
+            (
+                o.filtered_out > 0,
+                format!("{} left out by filters", o.filtered_out),
+            ),
+            (
+                self.bytes.resumed > 0,
+                format!("{} resumed from disk", human_bytes(self.bytes.resumed)),
+            ),
+            (o.deleted > 0, format!("{} local files deleted", o.deleted)),
+        ];
+        for (_, extra) in extras.iter().filter(|(shown, _)| *shown) {
+            line.push_str(", ");
+            line.push_str(extra);
+        }
+        line.push_str(&format!(
+            " in {:.1} s ({}/s, {})",
             self.duration_seconds,
             human_bytes(self.throughput_bytes_per_second as u64),
             match self.io_backend {
                 Some(backend) => format!("{backend} writes"),
                 None => "nothing written".to_string(),
             },
-        )
+        ));
+        line + &self.foreign_note()
+    }
+
+    /// What the closing line says of files in DEST that are not in the source.
+    fn foreign_note(&self) -> String {
+        match self.objects.foreign {
+            0 => String::new(),
+            n => format!("; {n} files in DEST are not in the source; --delete removes them"),
+        }
     }
 }
 

@@ -1,10 +1,12 @@
 //! `hydrator verify DEST [--repair]`: re-hashes every file the manifest holds, in parallel,
-//! and reports files that are missing, corrupt (size or BLAKE3 differ) or unexpected (not in
-//! the manifest). Any finding removes READY and makes the exit code non-zero; `--repair`
-//! forgets the missing and corrupt files in the manifest and runs a sync of the manifest's
-//! source, which fetches exactly those again and writes READY once the dataset is whole.
-//! The manifest is read as a run would find it, without folding it ([`ManifestView`]), so
-//! `--dry-run` changes nothing at all.
+//! and reports files that are missing or corrupt (size or BLAKE3 differ), which make the exit
+//! code non-zero, and files that are not in the source (not in the manifest), which are only
+//! named: the same rule as `sync`, whose READY covers the source's files and whose summary
+//! counts the others. A plain `verify` only reads, without the lock, so it runs where trainers
+//! mount the data (read-only, as another uid); `--repair` removes READY, forgets the missing
+//! and corrupt files in the manifest and runs a sync of the manifest's source, which fetches
+//! exactly those again and writes READY once the dataset is whole. The manifest is read as a
+//! run would find it, without folding it ([`ManifestView`]).
 
 use std::io;
 use std::sync::Mutex;
@@ -24,14 +26,15 @@ pub(crate) struct Findings {
     pub checked: u64,
     pub missing: Vec<String>,
     pub corrupt: Vec<String>,
-    pub unexpected: Vec<String>,
+    /// Files in DEST the manifest does not hold: not part of the dataset, not an error.
+    pub foreign: Vec<String>,
     /// Keys of the missing and corrupt files.
     pub bad_keys: Vec<String>,
 }
 
 impl Findings {
     pub(crate) fn clean(&self) -> bool {
-        self.missing.is_empty() && self.corrupt.is_empty() && self.unexpected.is_empty()
+        self.missing.is_empty() && self.corrupt.is_empty()
     }
 }
 
@@ -45,12 +48,10 @@ struct Expected {
 /// What `verify` may change in DEST.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Mode {
-    /// Remove READY when anything is found.
-    Check,
-    /// Also forget the missing and corrupt files in the manifest, so the next sync fetches
-    /// them again.
+    /// Remove READY when a file is missing or corrupt, and forget those files in the
+    /// manifest, so the next sync fetches them again.
     Repair,
-    /// Change nothing, take no lock (`--dry-run`).
+    /// Change nothing, take no lock.
     ReadOnly,
 }
 
@@ -81,7 +82,7 @@ pub(crate) async fn verify(
                 .ok_or_else(no_manifest)?;
             (dir, None)
         }
-        Mode::Check | Mode::Repair => {
+        Mode::Repair => {
             let dir = dest.state_dir().local("opening", &state_path)?;
             let lock = lock::acquire(&dir, None).await?;
             (dir, Some(lock))
@@ -99,14 +100,12 @@ pub(crate) async fn verify(
             return Ok(findings);
         }
         ready::remove(&state_dir)?;
-        if mode == Mode::Repair {
-            let (_, manifest) = Manifest::open_existing(state_dir)?
-                .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "the manifest is gone"))?;
-            for key in &findings.bad_keys {
-                manifest.forget(key)?;
-            }
-            manifest.sync()?;
+        let (_, manifest) = Manifest::open_existing(state_dir)?
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "the manifest is gone"))?;
+        for key in &findings.bad_keys {
+            manifest.forget(key)?;
         }
+        manifest.sync()?;
         drop(lock);
         Ok(findings)
     })
@@ -166,13 +165,13 @@ fn check(dest: &Dest, manifest: &ManifestView) -> io::Result<Findings> {
     walk(dest, false, &mut |entry| {
         let key = format!("{prefix}{}", entry.path);
         if base.find(&key)?.is_none_or(|o| o.complete.is_none()) {
-            findings.unexpected.push(entry.path.to_string());
+            findings.foreign.push(entry.path.to_string());
         }
         Ok(())
     })?;
     findings.missing.sort();
     findings.corrupt.sort();
-    findings.unexpected.sort();
+    findings.foreign.sort();
     Ok(findings)
 }
 

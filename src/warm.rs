@@ -15,6 +15,7 @@ use hyper::{Method, StatusCode};
 
 use crate::cli::WarmArgs;
 use crate::config::SyncConfig;
+use crate::console::Level;
 use crate::daemon::protocol::{DatasetStatus, Lease, LeaseRequest, State};
 use crate::daemon_client::{explain, percent_encode, CallError, Client};
 use crate::error::{Exit, IoContext, LeaseRefusal, SyncError, UsageError, WarmError};
@@ -40,15 +41,17 @@ pub(crate) async fn run(args: WarmArgs) -> Result<Exit, SyncError> {
     match warm(&client, &args).await {
         Err(CallError::Unreachable(why)) => match fallback {
             Some(config) => {
-                eprintln!(
-                    "hydrator: warm: no daemon at {} ({why}); syncing {} into {} directly",
+                crate::note!(
+                    Level::Warn,
+                    "warm: no daemon at {} ({why}); syncing {} into {} directly",
                     args.connection.daemon,
                     config.source,
                     config.dest.display()
                 );
                 let dest = config.dest.clone();
                 let outcome = crate::engine::run(config).await?;
-                let exit = outcome.print();
+                // stdout is the directory alone.
+                let exit = outcome.print_on_stderr();
                 if exit == Exit::Success {
                     announce(&dest.display().to_string(), args.path_file.as_deref())?;
                 }
@@ -87,7 +90,7 @@ fn fallback_config(args: &WarmArgs) -> Result<Option<SyncConfig>, UsageError> {
 
 /// Prints the ready directory, and writes it (atomically) into `path_file` if given.
 fn announce(path: &str, path_file: Option<&std::path::Path>) -> Result<(), SyncError> {
-    println!("{path}");
+    crate::out!("{path}");
     let Some(file) = path_file else {
         return Ok(());
     };
@@ -120,16 +123,21 @@ async fn warm(client: &Client, args: &WarmArgs) -> Result<Result<Exit, SyncError
             }
             _ => return Ok(Err(WarmError::Refused(explain(code, &body)).into())),
         };
-        let status = match (status.state, args.wait) {
-            (State::Ready | State::Failed, _) => status,
-            (_, false) => {
-                eprintln!(
-                    "hydrator: warm: {name} is {}; --wait waits for it",
+        let status = match (status.state, args.wait, status.held_as_ready()) {
+            (State::Ready | State::Failed, _, _) => status,
+            // A refresh runs: the snapshot held meanwhile is ready (`--wait` waits for the new one).
+            (_, false, Some(held)) => held,
+            (_, false, None) => {
+                crate::note!(
+                    Level::Error,
+                    "warm: {name} is {}; --wait waits for it",
                     status.state.label()
                 );
                 return Ok(Ok(Exit::Failed));
             }
-            (_, true) => wait(client, name, args.timeout.map(Duration::from_secs), started).await?,
+            (_, true, _) => {
+                wait(client, name, args.timeout.map(Duration::from_secs), started).await?
+            }
         };
         match status.state {
             State::Ready => {}
@@ -152,23 +160,31 @@ async fn warm(client: &Client, args: &WarmArgs) -> Result<Result<Exit, SyncError
         let path = status.path.clone().unwrap_or_default();
         if let Some(holder) = &args.lease_holder {
             match lease(client, name, holder, &status, args.lease_ttl).await? {
-                Ok(lease) => eprintln!(
-                    "hydrator: warm: {holder} leases {name} snapshot {} until unix time {}",
-                    lease.snapshot, lease.expires_at
+                Ok(lease) => crate::note!(
+                    Level::Info,
+                    "warm: {holder} leases {name} snapshot {} until unix time {}",
+                    lease.snapshot,
+                    lease.expires_at
                 ),
                 Err(why @ LeaseRefusal::Replaced(_)) if attempts + 1 < LEASE_ATTEMPTS => {
                     attempts += 1;
-                    eprintln!("hydrator: warm: lease refused ({why}); asking again");
+                    crate::note!(Level::Warn, "warm: lease refused ({why}); asking again");
                     continue;
                 }
                 Err(why) => return Ok(Err(WarmError::LeaseRefused(why).into())),
             }
         }
-        eprintln!(
-            "hydrator: warm: {name} ready: {} objects ({}) in {path}",
-            status.objects.unwrap_or_default(),
-            human_bytes(status.bytes.unwrap_or_default())
-        );
+        match status.objects.zip(status.bytes) {
+            Some((objects, bytes)) => crate::note!(
+                Level::Info,
+                "warm: {name} ready: {objects} objects ({}) in {path}",
+                human_bytes(bytes)
+            ),
+            None => crate::note!(
+                Level::Info,
+                "warm: {name} ready in {path} (the snapshot held while a refresh runs)"
+            ),
+        }
         return Ok(announce(&path, args.path_file.as_deref()).map(|()| Exit::Success));
     }
 }
@@ -197,8 +213,9 @@ async fn wait(
         }
         if let Some(progress) = &status.progress {
             if last_log.is_none_or(|at| at.elapsed() >= PROGRESS_INTERVAL) {
-                eprintln!(
-                    "hydrator: warm: {name} {}: {}/{} objects, {} of {}",
+                crate::note!(
+                    Level::Info,
+                    "warm: {name} {}: {}/{} objects, {} of {}",
                     progress.phase,
                     progress.objects_done,
                     progress.objects_total,

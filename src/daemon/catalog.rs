@@ -103,6 +103,8 @@ struct RawDataset {
     ca_bundle: Option<PathBuf>,
     #[serde(default)]
     no_verify_ssl: bool,
+    #[serde(default)]
+    allow_empty: bool,
 }
 
 /// The validated catalog.
@@ -179,6 +181,8 @@ pub(crate) struct Dataset {
     pub ca_bundle: Option<PathBuf>,
     /// Accept any server certificate.
     pub no_verify_ssl: bool,
+    /// A selection that holds no object is a dataset (`allow_empty`), not a failed hydration.
+    pub allow_empty: bool,
     /// The pinned snapshot (from the catalog's `snapshot` file): the dataset never moves past it.
     pub pinned: Option<std::sync::Arc<crate::snapshot::Snapshot>>,
     pub prewarm: bool,
@@ -204,6 +208,7 @@ impl Dataset {
             no_verify_ssl: self.no_verify_ssl,
             concurrency,
             progress: ProgressMode::None,
+            allow_empty: self.allow_empty,
             ..SyncConfig::builder(self.source.clone(), dest)
         }
         .build()
@@ -588,6 +593,7 @@ fn dataset(
         anonymous: raw.no_sign_request,
         ca_bundle: raw.ca_bundle,
         no_verify_ssl: raw.no_verify_ssl,
+        allow_empty: raw.allow_empty,
         pinned,
         prewarm: raw.prewarm,
         refresh: Duration::from_secs(raw.refresh_seconds.unwrap_or(DEFAULT_REFRESH)),

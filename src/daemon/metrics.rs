@@ -277,7 +277,7 @@ mod tests {
         })
     }
 
-    /// The names, types, labels and help texts README.md documents, exactly.
+    /// The names, types, labels and help texts docs/daemon.md documents ("Metrics"), exactly.
     #[test]
     fn exposes_the_documented_names_types_and_labels() {
         let text = rendered();

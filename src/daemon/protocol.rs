@@ -102,6 +102,23 @@ pub(crate) struct DatasetStatus {
     pub refreshed_at: Option<String>,
 }
 
+impl DatasetStatus {
+    /// While a refresh hydrates, the snapshot held meanwhile, as a ready status (its figures
+    /// unknown): what a client that wants a ready copy is served.
+    pub(crate) fn held_as_ready(&self) -> Option<DatasetStatus> {
+        let (snapshot, path) = self.held_snapshot.clone().zip(self.held_path.clone())?;
+        (self.state == State::Hydrating).then(|| DatasetStatus {
+            state: State::Ready,
+            snapshot: Some(snapshot),
+            path: Some(path),
+            progress: None,
+            held_snapshot: None,
+            held_path: None,
+            ..self.clone()
+        })
+    }
+}
+
 /// `POST /v1/datasets/{name}/warm` (the body is optional).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

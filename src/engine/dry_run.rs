@@ -16,7 +16,8 @@ use tokio::sync::watch;
 
 use super::object::{published, resumable, still_on_disk};
 use super::run::{
-    dest_unusable, report_sink, snapshot_already_there, stopped, summarize, Hooks, Outcome, Tally,
+    dest_unusable, empty_selection, refuse_another_dataset, report_sink, snapshot_already_there,
+    stopped, summarize, Hooks, Outcome, Tally,
 };
 use super::stats::Stats;
 use crate::config::SyncConfig;
@@ -66,6 +67,7 @@ pub(super) async fn run(
         if let Some(outcome) = shortcut {
             return Ok(outcome);
         }
+        refuse_another_dataset(cfg, dir)?;
     }
     let view = state_dir
         .map(|dir| ManifestView::open(dir, Some(&SourceInfo::from(cfg)), false))
@@ -88,7 +90,7 @@ pub(super) async fn run(
     };
     let mut listing = match &cfg.snapshot {
         Some(snapshot) => snapshot::spawn_entries(snapshot.clone()),
-        None => list::spawn(source, cfg.source.clone()),
+        None => list::spawn(source.clone(), cfg.source.clone()),
     };
     let stats = hooks.stats;
     let mut plan = Plan {
@@ -96,12 +98,9 @@ pub(super) async fn run(
         dest: dest.as_ref(),
         base,
         forgotten: &hooks.forgotten,
-        listed: match cfg.delete {
-            true => Some(ListedKeys::in_file(
-                tempfile::tempfile().local("creating a spool in", std::env::temp_dir())?,
-            )),
-            false => None,
-        },
+        listed: ListedKeys::in_file(
+            tempfile::tempfile().local("creating a spool in", std::env::temp_dir())?,
+        ),
         replaced_partials: HashSet::new(),
     };
     let mut tally = Tally {
@@ -133,6 +132,11 @@ pub(super) async fn run(
         let report = cfg.report.clone().unwrap_or_default();
         fatal = Some(LocalError::new("writing the report spool for", report, err).into());
     }
+    if fatal.is_none() {
+        fatal = empty_selection(cfg, &stats, source.as_ref())
+            .await
+            .map(Into::into);
+    }
     let failures = tally.failures;
     let complete = fatal.is_none() && failures.is_empty();
     if cfg.delete && fatal.is_none() && !complete {
@@ -140,21 +144,21 @@ pub(super) async fn run(
             "--delete would be skipped: some objects would fail, so their local copies are kept"
         );
     }
-    if let (true, Some(dest), Some(listed)) =
-        (complete && cfg.delete, plan.dest, plan.listed.take())
-    {
-        let deletions = listed.into_reader().and_then(|listed| {
+    if let (true, Some(dest)) = (complete, plan.dest) {
+        let unlisted = plan.listed.into_reader().and_then(|listed| {
             would_delete(
                 dest,
                 &filter,
                 &cfg.source.prefix,
                 listed,
                 &plan.replaced_partials,
+                cfg.delete,
             )
         });
-        match deletions {
-            Ok(n) => Stats::add(&stats.files_deleted, n),
-            Err(err) => fatal = Some(LocalError::new("walking", &cfg.dest, err).into()),
+        match (unlisted, cfg.delete) {
+            (Ok(n), true) => Stats::add(&stats.files_deleted, n),
+            (Ok(n), false) => Stats::add(&stats.files_foreign, n),
+            (Err(err), _) => fatal = Some(LocalError::new("walking", &cfg.dest, err).into()),
         }
     }
     let exit = fatal.as_ref().map_or(Exit::Success, SyncError::exit);
@@ -201,7 +205,8 @@ struct Plan<'a> {
     dest: Option<&'a Dest>,
     base: Cursor,
     forgotten: &'a HashSet<String>,
-    listed: Option<ListedKeys>,
+    /// The keys listed, for the walk that finds files not in the source.
+    listed: ListedKeys,
     /// Partial files the run would replace and publish, so `--delete` would not find them.
     replaced_partials: HashSet<String>,
 }
@@ -214,12 +219,10 @@ impl Plan<'_> {
         rel: &RelPath,
         stats: &Stats,
     ) -> Result<FileRecord, Verdict> {
-        if let Some(listed) = &mut self.listed {
-            listed.push(&entry.key).map_err(|err| {
-                let spool = std::env::temp_dir();
-                Verdict::Fatal(LocalError::new("spooling keys in", spool, err))
-            })?;
-        }
+        self.listed.push(&entry.key).map_err(|err| {
+            let spool = std::env::temp_dir();
+            Verdict::Fatal(LocalError::new("spooling keys in", spool, err))
+        })?;
         let known = self
             .base
             .take(&entry.key)
@@ -295,12 +298,12 @@ impl Plan<'_> {
     fn say_download(&self, entry: &ObjectEntry, rel: &RelPath, resumed: u64) {
         let (bucket, dest) = (&self.cfg.source.bucket, self.cfg.dest.display());
         match resumed {
-            0 => println!(
+            0 => crate::out!(
                 "hydrator: would download s3://{bucket}/{} -> {dest}/{rel} ({})",
                 entry.key,
                 human_bytes(entry.size)
             ),
-            _ => println!(
+            _ => crate::out!(
                 "hydrator: would resume s3://{bucket}/{} -> {dest}/{rel} ({} of {} left)",
                 entry.key,
                 human_bytes(entry.size - resumed),
@@ -310,15 +313,17 @@ impl Plan<'_> {
     }
 }
 
-/// Walks DEST as `--delete` would after the run and names the files it would remove: those the
-/// filters select whose key the run did not list (and that are not partial files the run
-/// would publish). `listed` holds the listed keys in ascending order, as the walk's paths.
+/// Walks DEST as `--delete` would after the run and counts the files it would remove (naming
+/// them when `say`): those the filters select whose key the run did not list (and that are not
+/// partial files the run would publish). `listed` holds the listed keys in ascending order, as
+/// the walk's paths.
 fn would_delete(
     dest: &Dest,
     filter: &KeyFilter,
     prefix: &str,
     mut listed: ListedReader,
     replaced_partials: &HashSet<String>,
+    say: bool,
 ) -> std::io::Result<u64> {
     let mut head = listed.next_key()?;
     let mut deleted = 0;
@@ -331,11 +336,13 @@ fn would_delete(
             head = listed.next_key()?;
         }
         if head.as_ref() != Some(&key) {
-            println!(
-                "hydrator: would delete {}/{}",
-                dest.path().display(),
-                entry.path
-            );
+            if say {
+                crate::out!(
+                    "hydrator: would delete {}/{}",
+                    dest.path().display(),
+                    entry.path
+                );
+            }
             deleted += 1;
         }
         Ok(())

@@ -29,13 +29,7 @@ impl Progress {
         match mode {
             ProgressMode::Bar => {
                 let bar = ProgressBar::new(0);
-                bar.set_style(
-                    ProgressStyle::with_template(
-                        "{spinner} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta} {msg}",
-                    )
-                    .expect("valid template")
-                    .progress_chars("=> "),
-                );
+                bar.set_style(listing_style());
                 let ticker = tokio::spawn(tick_bar(bar.clone(), stats));
                 Self {
                     ticker: Some(ticker),
@@ -67,12 +61,34 @@ fn done_bytes(stats: &Stats) -> u64 {
     Stats::get(&stats.bytes_received) + Stats::get(&stats.bytes_skipped)
 }
 
+/// While the listing streams, the totals grow: no bar (it would jump back) and no ETA, the
+/// total marked as so far. Both styles fit 80 columns.
+fn listing_style() -> ProgressStyle {
+    ProgressStyle::with_template(
+        "{spinner} listing: {bytes} of {total_bytes} so far, {binary_bytes_per_sec} {msg}",
+    )
+    .expect("valid template")
+}
+
+fn transfer_style() -> ProgressStyle {
+    ProgressStyle::with_template(
+        "{spinner} [{bar:20}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}",
+    )
+    .expect("valid template")
+    .progress_chars("=> ")
+}
+
 async fn tick_bar(bar: ProgressBar, stats: Arc<Stats>) {
+    let mut listing = true;
     loop {
+        if listing && stats.listing_done() {
+            listing = false;
+            bar.set_style(transfer_style());
+        }
         bar.set_length(Stats::get(&stats.bytes_listed));
         bar.set_position(done_bytes(&stats));
         bar.set_message(format!(
-            "{}/{} objects",
+            "{}/{} files",
             stats.objects_finished(),
             Stats::get(&stats.objects_listed)
         ));
@@ -89,8 +105,12 @@ async fn tick_log(stats: Arc<Stats>) {
         let done = done_bytes(&stats);
         let rate = (done - last.1) as f64 / (now - last.0).as_secs_f64();
         last = (now, done);
+        let listed = match stats.listing_done() {
+            true => "listed",
+            false => "listed so far",
+        };
         tracing::info!(
-            "progress: {}/{} objects, {} of {} listed, {}/s",
+            "progress: {}/{} objects, {} of {} {listed}, {}/s",
             stats.objects_finished(),
             Stats::get(&stats.objects_listed),
             human_bytes(done),

@@ -19,13 +19,15 @@ use super::progress::Progress;
 use super::rate::Rates;
 use super::stats::Stats;
 use crate::config::{Concurrency, SyncConfig};
+use crate::console::{self, Level};
 use crate::error::{Exit, IoContext, LocalError, ObjectError, SyncError, UsageError};
 use crate::fs::Dir;
 use crate::manifest::fold::Folded;
+use crate::manifest::journal::SourceInfo;
 use crate::manifest::listed::ListedKeys;
 use crate::manifest::lock::{self, DestLock};
 use crate::manifest::ready::{self, Ready};
-use crate::manifest::{journal, Manifest};
+use crate::manifest::{self, journal, Manifest};
 use crate::plan::filter::KeyFilter;
 use crate::plan::keys::{plan_key, KeyPlan, RelPath, STATE_DIR};
 use crate::report::{
@@ -34,8 +36,9 @@ use crate::report::{
 };
 use crate::snapshot;
 use crate::source::list::{self, ObjectEntry};
-use crate::source::object_source::ObjectSource;
+use crate::source::object_source::{ObjectRef, ObjectSource};
 use crate::source::s3::S3Source;
+use crate::source::url::S3Url;
 use crate::write::buffer::{BufferPool, WRITE_BUFFER_SIZE};
 use crate::write::commit::Committer;
 use crate::write::dest::Dest;
@@ -106,19 +109,48 @@ pub(crate) struct Outcome {
 }
 
 impl Outcome {
-    /// Prints the run's error, failures and closing line; returns its exit code.
+    /// Prints the run's error, failures and closing line (with `--log-format json`, the
+    /// summary as a JSON line on stderr too); returns its exit code.
     pub(crate) fn print(self) -> Exit {
+        self.show(true)
+    }
+
+    /// As [`print`](Self::print), the closing line on stderr: for a command whose stdout says
+    /// something else (`warm --fallback`: the directory).
+    pub(crate) fn print_on_stderr(self) -> Exit {
+        self.show(false)
+    }
+
+    fn show(self, closing_line_on_stdout: bool) -> Exit {
         if let Some(error) = &self.summary.error {
-            eprintln!("hydrator: error: {error}");
+            crate::note!(Level::Error, "error: {error}");
         }
         let failed = match self.summary.dry_run {
             true => "would fail",
             false => "failed",
         };
         for failure in self.summary.failures.iter().take(20) {
-            eprintln!("hydrator: {failed}: {}: {}", failure.key, failure.reason);
+            let line = format_args!("{failed}: {}: {}", failure.key, failure.reason);
+            console::say(Level::Error, line, Some(failure));
         }
-        println!("{}", self.summary.one_line());
+        let line = self.summary.one_line();
+        if closing_line_on_stdout {
+            crate::out!("{line}");
+        }
+        if console::json() {
+            let mut fields = serde_json::to_value(&self.summary).unwrap_or_default();
+            if let Some(fields) = fields.as_object_mut() {
+                // Named above, one line each; the report keeps them all.
+                fields.remove("failures");
+            }
+            console::say(
+                Level::Info,
+                line.trim_start_matches("hydrator: "),
+                Some(&fields),
+            );
+        } else if !closing_line_on_stdout {
+            console::say(Level::Info, line.trim_start_matches("hydrator: "), None);
+        }
         self.exit
     }
 }
@@ -178,6 +210,7 @@ async fn prepare(
     if let Some(outcome) = snapshot_already_there(cfg, &state_dir, started) {
         return Ok(Start::AlreadyThere(outcome));
     }
+    refuse_another_dataset(cfg, &state_dir)?;
     let sink = report_sink(cfg)?;
     let writers = Writers::start(cfg.io_backend)?;
     let manifest = state_dir
@@ -289,7 +322,10 @@ async fn mirror(
         let entry = match item {
             Some(Ok(entry)) => entry,
             Some(Err(err)) => break Some(err),
-            None => break None,
+            None => {
+                stats.listing_done.store(true, Relaxed);
+                break None;
+            }
         };
         let Some(rel) = tally.select(&cfg.source.prefix, &run.filter, &entry) else {
             continue;
@@ -365,6 +401,10 @@ async fn finish(cfg: &SyncConfig, run: Prepared, mirrored: Mirrored, started: In
         tracing::warn!("recording the last durable parts failed: {err}");
     }
     let any_failed = Stats::get(&stats.objects_failed) > 0;
+    if fatal.is_none() {
+        let source = ctx.fetch.source.as_ref();
+        fatal = empty_selection(cfg, stats, source).await.map(Into::into);
+    }
     if cfg.delete && any_failed {
         tracing::warn!("--delete skipped: some objects failed, so their local copies are kept");
     }
@@ -385,14 +425,22 @@ async fn finish(cfg: &SyncConfig, run: Prepared, mirrored: Mirrored, started: In
             }
         },
     };
-    if delete && folded.is_some() {
-        match prune::remove_unlisted(&ctx.write.dest, manifest, &run.filter, &cfg.source.prefix) {
+    let (dest, prefix) = (&ctx.write.dest, &cfg.source.prefix);
+    match (folded.is_some() && complete, delete) {
+        (false, _) => {}
+        (true, true) => match prune::remove_unlisted(dest, manifest, &run.filter, prefix) {
             Ok(removed) => stats.files_deleted.store(removed, Relaxed),
             Err(err) => {
                 let err = LocalError::new("--delete: removing unlisted files in", &cfg.dest, err);
                 fatal = Some(err.into());
             }
-        }
+        },
+        (true, false) => match prune::count_unlisted(dest, manifest, &run.filter, prefix) {
+            Ok(foreign) => stats.files_foreign.store(foreign, Relaxed),
+            Err(err) => {
+                tracing::warn!("counting the files in DEST that are not in the source: {err}")
+            }
+        },
     }
     if let (true, Some(folded)) = (complete && fatal.is_none(), &folded) {
         if let Err(err) = write_ready(cfg, &run.state_dir, folded) {
@@ -441,10 +489,98 @@ async fn finish(cfg: &SyncConfig, run: Prepared, mirrored: Mirrored, started: In
     }
 }
 
+/// A DEST whose manifest names another dataset (bucket or prefix) is not mixed with this one,
+/// unless `--delete` replaces it: its files would stay beside the new ones under one READY.
+pub(super) fn refuse_another_dataset(cfg: &SyncConfig, state_dir: &Dir) -> Result<(), SyncError> {
+    let state_path = cfg.dest.join(STATE_DIR);
+    let recorded =
+        manifest::recorded_dataset(state_dir).local("reading the manifest in", &state_path)?;
+    match recorded {
+        Some(old) if !cfg.delete && !manifest::same_dataset(&old, &SourceInfo::from(cfg)) => {
+            Err(UsageError::new(format!(
+                "{} holds another dataset, s3://{}/{}: mirroring {} into it would mix the two; give --delete to replace it, or another DEST",
+                cfg.dest.display(),
+                old.bucket,
+                old.prefix,
+                cfg.source
+            ))
+            .into())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Why a run that selected no object fails, unless `--allow-empty`: a typo in the prefix,
+/// filters that keep nothing or an object's key given as the prefix would otherwise write
+/// READY over an empty directory, and a trainer would start on nothing.
+pub(super) async fn empty_selection(
+    cfg: &SyncConfig,
+    stats: &Stats,
+    source: &dyn ObjectSource,
+) -> Option<UsageError> {
+    if cfg.allow_empty || stats.objects_finished() > 0 {
+        return None;
+    }
+    let listed = Stats::get(&stats.objects_listed);
+    let markers = Stats::get(&stats.directory_markers);
+    let origin = match &cfg.snapshot {
+        Some(snapshot) => format!("snapshot {}", snapshot.digest),
+        None => cfg.source.to_string(),
+    };
+    let mut why = match listed {
+        0 => format!("{origin} lists no objects"),
+        n if markers == n => format!("{origin} lists only {n} directory markers"),
+        n => {
+            let filters = cfg
+                .include
+                .iter()
+                .map(|glob| format!("--include {glob:?}"))
+                .chain(cfg.exclude.iter().map(|glob| format!("--exclude {glob:?}")))
+                .collect::<Vec<_>>()
+                .join(" ");
+            format!("{origin} lists {n} objects and the filters ({filters}) keep none of them")
+        }
+    };
+    let key = cfg.source.prefix.trim_end_matches('/');
+    if listed == 0 && cfg.snapshot.is_none() && !key.is_empty() {
+        let object = ObjectRef {
+            bucket: &cfg.source.bucket,
+            key,
+            version_id: None,
+            etag: "",
+        };
+        if source.head(object, false).await.is_ok() {
+            let parent = S3Url {
+                bucket: cfg.source.bucket.clone(),
+                prefix: key
+                    .rsplit_once('/')
+                    .map_or(String::new(), |(dir, _)| format!("{dir}/")),
+            };
+            why = format!(
+                "{why}: s3://{}/{key} is an object, not a prefix; its prefix is {parent}",
+                cfg.source.bucket
+            );
+        }
+    }
+    Some(UsageError::new(format!(
+        "nothing to mirror: {why} (--allow-empty accepts an empty dataset)"
+    )))
+}
+
 /// The error for a DEST that cannot be opened.
 pub(super) fn dest_unusable(cfg: &SyncConfig, err: std::io::Error) -> UsageError {
+    let remedy = match err.kind() {
+        std::io::ErrorKind::PermissionDenied => format!(
+            " (this process runs as uid {}: in a pod, give the volume to its group with securityContext.fsGroup, or chown the directory)",
+            rustix::process::geteuid().as_raw()
+        ),
+        std::io::ErrorKind::ReadOnlyFilesystem => {
+            " (a read-only mount: hydrate into a writable volume and mount that read-only in the trainer)".to_string()
+        }
+        _ => String::new(),
+    };
     UsageError::new(format!(
-        "cannot open destination {}: {err}",
+        "cannot open destination {}: {err}{remedy}",
         cfg.dest.display()
     ))
 }
@@ -569,6 +705,7 @@ pub(super) fn summarize(
             filtered_out: Stats::get(&stats.objects_filtered),
             directory_markers: Stats::get(&stats.directory_markers),
             deleted: Stats::get(&stats.files_deleted),
+            foreign: Stats::get(&stats.files_foreign),
         },
         bytes: ByteCounts {
             total: Stats::get(&stats.bytes_listed),

@@ -1,9 +1,11 @@
 //! Counters shared by the engine, the progress display and the report.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 #[derive(Default, Debug)]
 pub(crate) struct Stats {
+    /// The listing has ended: the totals below are final.
+    pub listing_done: AtomicBool,
     pub objects_listed: AtomicU64,
     pub bytes_listed: AtomicU64,
     pub objects_downloaded: AtomicU64,
@@ -22,6 +24,8 @@ pub(crate) struct Stats {
     pub part_retries: AtomicU64,
     /// Local files removed by `--delete`.
     pub files_deleted: AtomicU64,
+    /// Files in DEST, in the filters' scope, that are not part of the source.
+    pub files_foreign: AtomicU64,
     /// Objects started again because they changed on the server.
     pub object_restarts: AtomicU64,
 }
@@ -33,6 +37,11 @@ impl Stats {
 
     pub(crate) fn get(counter: &AtomicU64) -> u64 {
         counter.load(Relaxed)
+    }
+
+    /// Whether the totals are final (the listing has ended).
+    pub(crate) fn listing_done(&self) -> bool {
+        self.listing_done.load(Relaxed)
     }
 
     /// Objects accounted for: downloaded, skipped or failed.

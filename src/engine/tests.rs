@@ -80,7 +80,7 @@ impl Fixture {
         let failures = &outcome.summary.failures;
         assert_eq!(outcome.exit, Exit::Success, "{failures:?}");
         assert_eq!(std::fs::read(self.path(key)).unwrap(), *data);
-        let (findings, _) = crate::verify::verify(self.dest.path(), crate::verify::Mode::Check)
+        let (findings, _) = crate::verify::verify(self.dest.path(), crate::verify::Mode::ReadOnly)
             .await
             .unwrap();
         assert!(findings.clean(), "{findings:?}");

@@ -79,7 +79,7 @@ pub(crate) fn fold(
     fs::write_atomic(dir, JOURNAL, |tmp| {
         JournalWriter::start(tmp.try_clone()?, source)?.flush()
     })?;
-    tracing::info!(
+    tracing::debug!(
         objects = folded.kept,
         rewritten = !unchanged,
         "manifest folded in {:.1} s",

@@ -24,7 +24,7 @@ where
                 .as_connector_error()
                 .is_some_and(|e| caused_by_credentials(e)) =>
         {
-            SourceErrorKind::NoCredentials(describe_chain(&err))
+            SourceErrorKind::NoCredentials(credentials_problem(&err))
         }
         // rustls' own words; the error reaches here as text inside an io::Error.
         SdkError::DispatchFailure(_)
@@ -33,7 +33,7 @@ where
             SourceErrorKind::UntrustedCertificate(describe_chain(&err))
         }
         SdkError::DispatchFailure(failure) if failure.is_io() || failure.is_timeout() => {
-            SourceErrorKind::Connection(describe_chain(&err))
+            SourceErrorKind::Connection(root_cause(&err))
         }
         SdkError::DispatchFailure(_) => SourceErrorKind::Dispatch(describe_chain(&err)),
         SdkError::ResponseError(_) => SourceErrorKind::BrokenResponse(describe_chain(&err)),
@@ -78,6 +78,27 @@ fn caused_by_credentials(err: &(dyn std::error::Error + 'static)) -> bool {
         cause = e.source();
     }
     false
+}
+
+/// What went wrong with the credential chain, on one line: nothing found (the chain's list of
+/// every provider it tried says nothing the remedy does not), or why a provider broke.
+fn credentials_problem(err: &dyn std::error::Error) -> String {
+    let chain = describe_chain(err);
+    tracing::debug!("credential chain: {chain}");
+    match chain.contains("no credentials found in chain") {
+        true => "none found".to_string(),
+        false => root_cause(err).lines().collect::<Vec<_>>().join("; "),
+    }
+}
+
+/// The innermost error's words ("Connection refused (os error 111)"), without the layers the
+/// SDK and its HTTP client wrap around it.
+fn root_cause(err: &dyn std::error::Error) -> String {
+    let mut cause = err;
+    while let Some(source) = cause.source() {
+        cause = source;
+    }
+    cause.to_string()
 }
 
 /// The error and its sources on one line, for a person to read.

@@ -12,7 +12,7 @@
 use std::io;
 
 use super::dest::Dest;
-use super::walk::walk;
+use super::walk::{walk, Entry};
 use crate::manifest::Manifest;
 use crate::plan::filter::KeyFilter;
 
@@ -24,20 +24,47 @@ pub(crate) fn remove_unlisted(
     filter: &KeyFilter,
     prefix: &str,
 ) -> io::Result<u64> {
-    let mut base = manifest.cursor()?;
-    let mut removed = 0;
-    walk(dest, true, &mut |entry| {
-        if !filter.accepts(entry.path) || base.find(&format!("{prefix}{}", entry.path))?.is_some() {
-            return Ok(());
-        }
+    let removed = walk_unlisted(dest, manifest, filter, prefix, true, &mut |entry| {
         tracing::info!(
             path = entry.path,
             "--delete: removing a file that is not in the source"
         );
-        entry.dir.unlink(entry.name)?;
-        removed += 1;
-        Ok(())
+        entry.dir.unlink(entry.name)
     })?;
     dest.syncer()?.sync()?;
     Ok(removed)
+}
+
+/// Counts the files `--delete` would remove, without it: files in scope that are not part of
+/// the source (put into DEST by something else, or left by another dataset).
+pub(crate) fn count_unlisted(
+    dest: &Dest,
+    manifest: &Manifest,
+    filter: &KeyFilter,
+    prefix: &str,
+) -> io::Result<u64> {
+    walk_unlisted(dest, manifest, filter, prefix, false, &mut |_| Ok(()))
+}
+
+/// Calls `each` on every file in scope whose key the manifest's base does not hold; removes
+/// directories left empty when `remove_empty_dirs`.
+fn walk_unlisted(
+    dest: &Dest,
+    manifest: &Manifest,
+    filter: &KeyFilter,
+    prefix: &str,
+    remove_empty_dirs: bool,
+    each: &mut dyn FnMut(&Entry) -> io::Result<()>,
+) -> io::Result<u64> {
+    let mut base = manifest.cursor()?;
+    let mut found = 0;
+    walk(dest, remove_empty_dirs, &mut |entry| {
+        if !filter.accepts(entry.path) || base.find(&format!("{prefix}{}", entry.path))?.is_some() {
+            return Ok(());
+        }
+        each(&entry)?;
+        found += 1;
+        Ok(())
+    })?;
+    Ok(found)
 }

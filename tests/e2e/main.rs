@@ -9,5 +9,6 @@ mod csi;
 mod daemon;
 mod dataset;
 mod dry_run;
+mod front_door;
 mod sync;
 mod torture;
