@@ -137,13 +137,13 @@ impl SyncConfig {
                 "--no-verify-ssl checks no certificate, so --ca-bundle (or AWS_CA_BUNDLE) would change nothing: give one of them",
             ));
         }
-        if let Some(profile) = &client.profile {
-            check_profile(profile)?;
-        }
         if client.anonymous && (client.credentials.is_some() || client.profile.is_some()) {
             return Err(UsageError::new(
                 "--no-sign-request sends no credentials: give it without credentials or --profile",
             ));
+        }
+        if let Some(profile) = &client.profile {
+            check_profile(profile)?;
         }
         if self.part_size < MIN_PART_SIZE || !self.part_size.is_power_of_two() {
             return Err(UsageError::new(format!(

@@ -8,8 +8,22 @@ use hydrator::console::{self, Format, Level};
 use hydrator::error::Exit;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) if err.use_stderr() && json_asked() => {
+            // A usage error in a pod whose log pipeline reads JSON: one JSON line too.
+            console::init(Format::Json);
+            console::say(Level::Error, err.render().to_string().trim_end(), None);
+            return Exit::Usage.into();
+        }
+        Err(err) => err.exit(),
+    };
     console::init(cli.log_format);
+    if cli.log_format == Format::Json {
+        std::panic::set_hook(Box::new(|panic| {
+            console::say(Level::Error, format_args!("panic: {panic}"), None);
+        }));
+    }
     init_logging(cli.verbose, cli.quiet, cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -33,6 +47,17 @@ fn main() -> ExitCode {
             err.exit().into()
         }
     }
+}
+
+/// Whether the command line or the environment asks for JSON logs, read before the command
+/// line could be parsed.
+fn json_asked() -> bool {
+    let args: Vec<String> = std::env::args().collect();
+    let in_args = args.iter().enumerate().any(|(i, arg)| {
+        arg == "--log-format=json"
+            || (arg == "--log-format" && args.get(i + 1).is_some_and(|v| v == "json"))
+    });
+    in_args || std::env::var("HYDRATOR_LOG_FORMAT").is_ok_and(|v| v == "json")
 }
 
 fn init_logging(verbose: u8, quiet: u8, format: Format) {

@@ -1,4 +1,4 @@
-//! The HTTP API (see README, "Node daemon"). The unix socket is guarded by its file
+//! The HTTP API (see docs/daemon.md, "API"). The unix socket is guarded by its file
 //! permissions and names each caller by its uid; the TCP listener asks for one of the catalog's
 //! bearer tokens on `/v1/` and names the caller by it, while the probes and `/metrics` stay
 //! open for the kubelet and Prometheus. Leases belong to the caller that took them.

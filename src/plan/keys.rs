@@ -1,7 +1,7 @@
 //! Object keys are untrusted input. A key becomes a path under DEST only if every segment is a
 //! plain file name; anything that could escape DEST or be ambiguous is refused and reported.
 //!
-//! Rules (documented in README):
+//! Rules (documented in docs/internals.md, "How keys become paths"):
 //! - the listing prefix is stripped; the rest is split on `/`;
 //! - refused: NUL anywhere, a leading `/`, empty segments (`a//b`), `.` or `..` segments,
 //!   segments over 255 bytes, the reserved top-level `.hydrator` directory, and names of

@@ -199,6 +199,18 @@ fn json_logs_are_json_on_every_line_summary_failures_and_errors_included() {
             .as_str()
             .is_some_and(|m| m.contains("nothing to mirror"))));
 
+    // A command line clap refuses.
+    let refused = hydrator_command(&server.target)
+        .args(["sync", "--log-format", "json", "--no-such-flag"])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    let lines = json_lines(&refused.stderr);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0]["fields"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("--no-such-flag")));
+
     // verify's findings.
     server.faults.clear();
     server.sync("json/", &dest, &[]).assert_code(0);

@@ -8,6 +8,7 @@ mod container;
 mod csi;
 mod daemon;
 mod dataset;
+mod docs;
 mod dry_run;
 mod front_door;
 mod sync;

@@ -608,7 +608,7 @@ fn memory_stays_within_the_formula_whatever_the_object_sizes() {
         String::from_utf8_lossy(&run.stderr)
     );
     assert_mirror(&dest, &big);
-    // README, "Memory": (2 × 4 + 4) × 1 MiB of buffers over the runtime's own; the manifest of
+    // docs/internals.md, "Memory": (2 × 4 + 4) × 1 MiB of buffers over the runtime's own; the manifest of
     // three objects is negligible. 8 MiB of slack for allocator and HTTP buffers.
     let bound = baseline + (2 * 4 + 4) * MIB as u64 + 8 * MIB as u64;
     eprintln!("peak RSS {peak} bytes for 144 MiB, baseline {baseline}, bound {bound}");
