@@ -36,8 +36,7 @@ pub async fn run(command: Command) -> Result<Exit, SyncError> {
             let mut command = Cli::command();
             let mut script = Vec::new();
             clap_complete::generate(args.shell, &mut command, "hydrator", &mut script);
-            std::io::Write::write_all(&mut std::io::stdout().lock(), &script)
-                .local("writing the completion script to", "stdout")?;
+            crate::out!("{}", String::from_utf8_lossy(&script).trim_end());
             Ok(Exit::Success)
         }
         Command::Man(args) => {

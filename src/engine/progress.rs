@@ -62,17 +62,18 @@ fn done_bytes(stats: &Stats) -> u64 {
 }
 
 /// While the listing streams, the totals grow: no bar (it would jump back) and no ETA, the
-/// total marked as so far. Both styles fit 80 columns.
+/// total marked `+` as provisional. The bar takes what the terminal's width leaves, so a line
+/// fits 80 columns even at ImageNet's object count.
 fn listing_style() -> ProgressStyle {
     ProgressStyle::with_template(
-        "{spinner} listing: {bytes} of {total_bytes} so far, {binary_bytes_per_sec} {msg}",
+        "{spinner} listing {bytes}/{total_bytes}+ {binary_bytes_per_sec} {msg}",
     )
     .expect("valid template")
 }
 
 fn transfer_style() -> ProgressStyle {
     ProgressStyle::with_template(
-        "{spinner} [{bar:20}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}",
+        "{spinner} [{wide_bar}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}",
     )
     .expect("valid template")
     .progress_chars("=> ")

@@ -126,6 +126,19 @@ fn a_closed_stdout_ends_printing_not_the_run() {
     let report: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&report).expect("the report is written")).unwrap();
     assert_eq!(report["objects"]["downloaded"], 200);
+
+    // Every command: the completion script, cut short the same way.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hydrator"))
+        .args(["completions", "bash"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(stderr.is_empty(), "{stderr}");
 }
 
 #[test]
@@ -147,6 +160,43 @@ fn logs_carry_colour_only_on_a_terminal() {
         !stderr.contains('\x1b'),
         "escape codes in a pipe: {stderr:?}"
     );
+
+    // A terminal (a pty from script(1)): colour, unless NO_COLOR or TERM=dumb says no.
+    let on_a_terminal = |env: &[(&str, &str)]| -> String {
+        let (_tmp, dest) = temp_dest();
+        let line = format!(
+            "{} sync s3://{}/colour/ {} --endpoint-url {} --progress none",
+            env!("CARGO_BIN_EXE_hydrator"),
+            server.target.bucket,
+            dest.display(),
+            server.target.endpoint
+        );
+        let target = &server.target;
+        let output = Command::new("script")
+            .args(["-qec", &line, "/dev/null"])
+            .env_remove("NO_COLOR")
+            .env("TERM", "xterm-256color")
+            .env("AWS_ACCESS_KEY_ID", &target.access_key)
+            .env("AWS_SECRET_ACCESS_KEY", &target.secret_key)
+            .env("AWS_REGION", &target.region)
+            .env("AWS_CONFIG_FILE", "/dev/null")
+            .env("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+            .envs(env.iter().copied())
+            .output()
+            .expect("script (util-linux) runs");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let coloured = on_a_terminal(&[]);
+    assert!(coloured.contains("INFO"), "{coloured}");
+    assert!(
+        coloured.contains('\x1b'),
+        "no colour on a terminal: {coloured:?}"
+    );
+    for env in [("NO_COLOR", "1"), ("TERM", "dumb")] {
+        let plain = on_a_terminal(&[env]);
+        assert!(plain.contains("INFO"), "{plain}");
+        assert!(!plain.contains('\x1b'), "colour with {env:?}: {plain:?}");
+    }
 }
 
 /// Every line of `text` is one JSON object; returns them.
