@@ -239,22 +239,8 @@ fn sibling(path: &Path, suffix: &str) -> PathBuf {
 mod tests {
     use super::*;
 
-    #[test]
-    fn report_is_valid_json_with_every_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("r.json");
-        let mut sink = ReportSink::new(Some(&path)).unwrap();
-        for i in 0..3 {
-            sink.record(&FileRecord {
-                key: format!("p/{i}"),
-                path: i.to_string(),
-                size: i,
-                blake3: Some("ab".into()),
-                status: FileStatus::Downloaded,
-            })
-            .unwrap();
-        }
-        let summary = Summary {
+    fn summary() -> Summary {
+        Summary {
             version: REPORT_VERSION,
             dry_run: false,
             source: "s3://b/p/".into(),
@@ -272,8 +258,25 @@ mod tests {
             duration_seconds: 1.0,
             throughput_bytes_per_second: 0.0,
             failures: vec![],
-        };
-        sink.finish(&summary).unwrap();
+        }
+    }
+
+    #[test]
+    fn report_is_valid_json_with_every_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.json");
+        let mut sink = ReportSink::new(Some(&path)).unwrap();
+        for i in 0..3 {
+            sink.record(&FileRecord {
+                key: format!("p/{i}"),
+                path: i.to_string(),
+                size: i,
+                blake3: Some("ab".into()),
+                status: FileStatus::Downloaded,
+            })
+            .unwrap();
+        }
+        sink.finish(&summary()).unwrap();
         let value: serde_json::Value =
             serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         assert_eq!(value["files"].as_array().unwrap().len(), 3);
@@ -284,5 +287,27 @@ mod tests {
             "spool removed"
         );
         assert_eq!(human_bytes(1536), "1.5 KiB");
+    }
+
+    #[test]
+    fn the_closing_line_counts_what_filters_left_out_resumed_bytes_deletions_and_foreign_files() {
+        let plain = summary().one_line();
+        for absent in ["left out", "resumed", "deleted", "not in the source"] {
+            assert!(!plain.contains(absent), "{plain}");
+        }
+        let mut busy = summary();
+        busy.objects.filtered_out = 7;
+        busy.objects.deleted = 2;
+        busy.objects.foreign = 3;
+        busy.bytes.resumed = 3 << 20;
+        let line = busy.one_line();
+        for present in [
+            "7 left out by filters",
+            "3.0 MiB resumed from disk",
+            "2 local files deleted",
+            "; 3 files in DEST are not in the source; --delete removes them",
+        ] {
+            assert!(line.contains(present), "{present} in {line}");
+        }
     }
 }
