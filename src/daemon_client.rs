@@ -2,8 +2,9 @@
 //!
 //! A missing socket or a refused connection is asked again with back-off for the caller's
 //! `--daemon-wait` (the socket is gone while the daemon restarts), and only then counts as no
-//! daemon; a missing socket directory counts at once (no daemon is installed on the node). Every call has a deadline, so a daemon that accepts and never answers cannot hang a
-//! pod. A permission error means a daemon is there but this process may not use it.
+//! daemon; a missing socket directory counts at once (no daemon is installed on the node).
+//! Every call has a deadline, so a daemon that accepts and never answers cannot hang a pod. A
+//! permission error means a daemon is there but this process may not use it.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

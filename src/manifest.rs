@@ -195,38 +195,28 @@ pub(crate) fn same_dataset(a: &SourceInfo, b: &SourceInfo) -> bool {
     a.bucket == b.bucket && a.prefix == b.prefix
 }
 
-/// The source the manifest in `dir` records (its base's, else its journal's), if any.
-fn recorded_source(dir: &Dir) -> io::Result<Option<SourceInfo>> {
-    if let Some((source, _)) = BaseReader::open(dir)? {
-        return Ok(Some(source));
-    }
-    match dir.open_file(JOURNAL, OFlags::RDONLY) {
-        Ok(mut file) => journal::read_from_start(&mut file)?.header(),
-        Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(err) => Err(err),
-    }
-}
-
-/// The dataset whose files DEST holds: the source the manifest in `dir` records, when it
-/// records at least one object (in its base or its journal). A manifest of no object (a run
-/// that found nothing to mirror) holds no dataset.
-pub(crate) fn recorded_dataset(dir: &Dir) -> io::Result<Option<SourceInfo>> {
-    if let Some((source, mut base)) = BaseReader::open(dir)? {
-        if base.next_object()?.is_some() {
-            return Ok(Some(source));
+/// What the manifest in `dir` records: the source it names (its base's, else its journal's)
+/// and whether it holds any object, in its base or its journal. A manifest of no object (a run
+/// that found nothing to mirror) holds no dataset's files.
+pub(crate) fn recorded(dir: &Dir) -> io::Result<Option<(SourceInfo, bool)>> {
+    let base_source = match BaseReader::open(dir)? {
+        Some((source, mut base)) => match base.next_object()? {
+            Some(_) => return Ok(Some((source, true))),
+            None => Some(source),
+        },
+        None => None,
+    };
+    let (journal_source, journal_holds) = match dir.open_file(JOURNAL, OFlags::RDONLY) {
+        Ok(mut file) => {
+            let mut records = journal::read_from_start(&mut file)?;
+            (records.header()?, records.next_record()?.is_some())
         }
-    }
-    let mut file = match dir.open_file(JOURNAL, OFlags::RDONLY) {
-        Ok(file) => file,
-        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => (None, false),
         Err(err) => return Err(err),
     };
-    let mut records = journal::read_from_start(&mut file)?;
-    let source = records.header()?;
-    Ok(match records.next_record()? {
-        Some(_) => source,
-        None => None,
-    })
+    Ok(base_source
+        .or(journal_source)
+        .map(|source| (source, journal_holds)))
 }
 
 /// The open manifest of a DEST. The caller holds DEST's lock.
@@ -299,8 +289,8 @@ impl Manifest {
 
     /// Opens the manifest of DEST as it is, whatever its source (for `verify`).
     pub(crate) fn open_existing(dir: Dir) -> io::Result<Option<(SourceInfo, Self)>> {
-        match recorded_source(&dir)? {
-            Some(source) => Ok(Some((source.clone(), Self::open(dir, &source)?))),
+        match recorded(&dir)? {
+            Some((source, _)) => Ok(Some((source.clone(), Self::open(dir, &source)?))),
             None => Ok(None),
         }
     }

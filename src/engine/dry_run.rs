@@ -146,7 +146,7 @@ pub(super) async fn run(
     }
     if let (true, Some(dest)) = (complete, plan.dest) {
         let unlisted = plan.listed.into_reader().and_then(|listed| {
-            would_delete(
+            unlisted_files(
                 dest,
                 &filter,
                 &cfg.source.prefix,
@@ -313,20 +313,20 @@ impl Plan<'_> {
     }
 }
 
-/// Walks DEST as `--delete` would after the run and counts the files it would remove (naming
-/// them when `say`): those the filters select whose key the run did not list (and that are not
-/// partial files the run would publish). `listed` holds the listed keys in ascending order, as
-/// the walk's paths.
-fn would_delete(
+/// Walks DEST as `--delete` would after the run and counts the files that are not in the
+/// source, naming them as ones `--delete` would remove when `name_them`: those the filters
+/// select whose key the run did not list (and that are not partial files the run would
+/// publish). `listed` holds the listed keys in ascending order, as the walk's paths.
+fn unlisted_files(
     dest: &Dest,
     filter: &KeyFilter,
     prefix: &str,
     mut listed: ListedReader,
     replaced_partials: &HashSet<String>,
-    say: bool,
+    name_them: bool,
 ) -> std::io::Result<u64> {
     let mut head = listed.next_key()?;
-    let mut deleted = 0;
+    let mut unlisted = 0;
     walk(dest, false, &mut |entry| {
         if !filter.accepts(entry.path) || replaced_partials.contains(entry.path) {
             return Ok(());
@@ -336,16 +336,16 @@ fn would_delete(
             head = listed.next_key()?;
         }
         if head.as_ref() != Some(&key) {
-            if say {
+            if name_them {
                 crate::out!(
                     "hydrator: would delete {}/{}",
                     dest.path().display(),
                     entry.path
                 );
             }
-            deleted += 1;
+            unlisted += 1;
         }
         Ok(())
     })?;
-    Ok(deleted)
+    Ok(unlisted)
 }

@@ -493,10 +493,9 @@ async fn finish(cfg: &SyncConfig, run: Prepared, mirrored: Mirrored, started: In
 /// unless `--delete` replaces it: its files would stay beside the new ones under one READY.
 pub(super) fn refuse_another_dataset(cfg: &SyncConfig, state_dir: &Dir) -> Result<(), SyncError> {
     let state_path = cfg.dest.join(STATE_DIR);
-    let recorded =
-        manifest::recorded_dataset(state_dir).local("reading the manifest in", &state_path)?;
+    let recorded = manifest::recorded(state_dir).local("reading the manifest in", &state_path)?;
     match recorded {
-        Some(old) if !cfg.delete && !manifest::same_dataset(&old, &SourceInfo::from(cfg)) => {
+        Some((old, true)) if !cfg.delete && !manifest::same_dataset(&old, &SourceInfo::from(cfg)) => {
             Err(UsageError::new(format!(
                 "{} holds another dataset, s3://{}/{}: mirroring {} into it would mix the two; give --delete to replace it, or another DEST",
                 cfg.dest.display(),

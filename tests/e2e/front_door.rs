@@ -8,10 +8,21 @@ use std::time::{Duration, Instant};
 
 use crate::support::daemon::{catalog, dataset, Daemon, DatasetSpec};
 use crate::support::faults::{Fault, Rule};
-use crate::support::{assert_mirror, content, files, hydrator_command, temp_dest, Server, MIB};
+use crate::support::{
+    assert_mirror, content, files, has_ready, hydrator_command, temp_dest, Server, MIB,
+};
 
-fn ready(dest: &Path) -> bool {
-    dest.join(".hydrator/READY").exists()
+/// `hydrator ARGS...` as uid 65534, with an empty environment: a trainer's container, which may
+/// read what root hydrated but write nothing of it. `dir` is opened to it first.
+fn as_nobody(dir: &Path, args: &[&std::ffi::OsStr]) -> std::process::Output {
+    std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    Command::new("setpriv")
+        .env_clear()
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_hydrator"))
+        .args(args)
+        .output()
+        .expect("setpriv (util-linux) runs")
 }
 
 fn stdout_of(output: &std::process::Output) -> String {
@@ -32,7 +43,7 @@ fn an_empty_selection_is_a_usage_error_and_writes_no_ready() {
     assert!(said.contains("nothing to mirror"), "{said}");
     assert!(said.contains("lists no objects"), "{said}");
     assert!(said.contains("--allow-empty"), "{said}");
-    assert!(!ready(&dest));
+    assert!(!has_ready(&dest));
     assert_eq!(typo.report()["result"], "failed");
 
     // Filters that keep nothing.
@@ -41,7 +52,7 @@ fn an_empty_selection_is_a_usage_error_and_writes_no_ready() {
     let said = filtered.stderr();
     assert!(said.contains("lists 1 objects"), "{said}");
     assert!(said.contains("--include \"*.tar\""), "{said}");
-    assert!(!ready(&dest));
+    assert!(!has_ready(&dest));
 
     // An object's key given as the prefix.
     let object = server.sync("empty-sel/a.txt", &dest, &[]);
@@ -53,7 +64,7 @@ fn an_empty_selection_is_a_usage_error_and_writes_no_ready() {
         )),
         "{said}"
     );
-    assert!(!ready(&dest));
+    assert!(!has_ready(&dest));
 
     // The dry run says the same.
     let dry = server.sync("empty-sel-typo/", &dest, &["--dry-run"]);
@@ -62,7 +73,7 @@ fn an_empty_selection_is_a_usage_error_and_writes_no_ready() {
     // Meant: --allow-empty.
     let allowed = server.sync("empty-sel-typo/", &dest, &["--allow-empty"]);
     allowed.assert_code(0);
-    assert!(ready(&dest));
+    assert!(has_ready(&dest));
 }
 
 #[test]
@@ -363,19 +374,7 @@ fn a_plain_verify_only_reads_so_another_uid_can_run_it() {
     let tmp = tempfile::tempdir().unwrap();
     let dest = tmp.path().join("dest");
     server.sync("verify-ro/", &dest, &[]).assert_code(0);
-    // As the trainer would: another uid, which may read the data but write nothing.
-    std::fs::set_permissions(
-        tmp.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    let output = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-        .arg(env!("CARGO_BIN_EXE_hydrator"))
-        .arg("verify")
-        .arg(&dest)
-        .output()
-        .expect("setpriv (util-linux) runs");
+    let output = as_nobody(tmp.path(), &["verify".as_ref(), dest.as_os_str()]);
     assert_eq!(
         output.status.code(),
         Some(0),
@@ -383,7 +382,7 @@ fn a_plain_verify_only_reads_so_another_uid_can_run_it() {
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(stdout_of(&output).contains("verified 2 files"));
-    assert!(ready(&dest));
+    assert!(has_ready(&dest));
 }
 
 #[test]
@@ -397,7 +396,7 @@ fn sync_verify_and_ready_agree_about_files_not_in_the_source() {
 
     let run = server.sync("foreign/", &dest, &[]);
     run.assert_code(0);
-    assert!(ready(&dest), "READY covers the source's files");
+    assert!(has_ready(&dest), "READY covers the source's files");
     assert_eq!(run.count("objects", "foreign"), 1);
     assert!(
         stdout_of(&run.output)
@@ -409,7 +408,7 @@ fn sync_verify_and_ready_agree_about_files_not_in_the_source() {
     let verify = server.hydrator(&["verify".as_ref(), dest.as_os_str()]);
     assert_eq!(verify.status.code(), Some(0), "{verify:?}");
     assert!(stdout_of(&verify).contains("1 files not in the source"));
-    assert!(ready(&dest), "verify keeps READY");
+    assert!(has_ready(&dest), "verify keeps READY");
 
     // Another prefix into the same DEST would mix two datasets.
     server.seed("foreign-other/", &files(&[("z.bin", content(11, 1000))]));
@@ -420,7 +419,7 @@ fn sync_verify_and_ready_agree_about_files_not_in_the_source() {
         "{}",
         mixed.stderr()
     );
-    assert!(ready(&dest), "refused before touching DEST");
+    assert!(has_ready(&dest), "refused before touching DEST");
     let replaced = server.sync("foreign-other/", &dest, &["--delete"]);
     replaced.assert_code(0);
     assert_mirror(&dest, &files(&[("z.bin", content(11, 1000))]));
@@ -492,25 +491,18 @@ fn the_messages_users_hit_name_the_cause_and_the_remedy_in_one_line() {
     // A DEST this uid may not write: the remedy a pod needs.
     let locked = tmp.path().join("locked");
     std::fs::create_dir(&locked).unwrap();
-    std::fs::set_permissions(
+    let source = format!("s3://{}/messages/", server.target.bucket);
+    let output = as_nobody(
         tmp.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    let output = Command::new("setpriv")
-        .env_clear()
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-        .arg(env!("CARGO_BIN_EXE_hydrator"))
-        .arg("sync")
-        .arg(format!("s3://{}/messages/", server.target.bucket))
-        .arg(locked.join("dest"))
-        .args([
-            "--endpoint-url",
-            &server.target.endpoint,
-            "--no-sign-request",
-        ])
-        .output()
-        .unwrap();
+        &[
+            "sync".as_ref(),
+            source.as_ref(),
+            locked.join("dest").as_os_str(),
+            "--endpoint-url".as_ref(),
+            server.target.endpoint.as_ref(),
+            "--no-sign-request".as_ref(),
+        ],
+    );
     let lines = error_lines(&output);
     assert!(
         output.status.code() == Some(2) && lines.len() == 1 && lines[0].contains("fsGroup"),
@@ -521,17 +513,11 @@ fn the_messages_users_hit_name_the_cause_and_the_remedy_in_one_line() {
 
 #[test]
 fn help_groups_options_hides_environment_values_and_verify_refuses_what_it_ignores() {
-    let help = hydrator_command(&crate::support::S3Target {
-        endpoint: String::new(),
-        region: String::new(),
-        access_key: String::new(),
-        secret_key: String::new(),
-        bucket: String::new(),
-    })
-    .args(["sync", "--help"])
-    .env("AWS_CA_BUNDLE", "/secret/path/ca.pem")
-    .output()
-    .unwrap();
+    let help = Command::new(env!("CARGO_BIN_EXE_hydrator"))
+        .args(["sync", "--help"])
+        .env("AWS_CA_BUNDLE", "/secret/path/ca.pem")
+        .output()
+        .unwrap();
     let text = stdout_of(&help);
     for heading in ["S3 connection:", "Transfer:", "Filters:", "Output:"] {
         assert!(text.contains(heading), "{heading} in {text}");

@@ -2,13 +2,12 @@
 //! denials in the exit codes, and the daemon's metrics.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 use std::process::Output;
 
 use serde_json::Value;
 
 use crate::support::faults::{Fault, Rule};
-use crate::support::{content, files, hydrator_command, temp_dest, Server};
+use crate::support::{content, files, has_ready, hydrator_command, temp_dest, Server};
 
 use super::shell::shell_commands;
 use super::{assert_none, root};
@@ -133,10 +132,6 @@ fn the_filtering_tables_hold() {
     assert_none("docs/filtering.md", &problems);
 }
 
-fn ready(dest: &Path) -> bool {
-    dest.join(".hydrator/READY").exists()
-}
-
 /// The exit-code table: a 403 on a GET fails that object (1); a 403 on the listing is a
 /// usage error (2).
 #[test]
@@ -158,7 +153,7 @@ fn access_denied_exits_as_documented() {
     run.assert_code(1);
     assert_eq!(run.report()["failures"][0]["key"], "denied/closed.bin");
     assert!(run.stderr().contains("access denied"), "{}", run.stderr());
-    assert!(dest.join("open.bin").exists() && !ready(&dest));
+    assert!(dest.join("open.bin").exists() && !has_ready(&dest));
 
     server.faults.clear();
     server

@@ -517,6 +517,11 @@ pub fn wait_until(what: &str, limit: std::time::Duration, mut done: impl FnMut()
     }
 }
 
+/// Whether DEST holds READY, the marker of a complete, verified dataset.
+pub fn has_ready(dest: &Path) -> bool {
+    dest.join(".hydrator/READY").exists()
+}
+
 pub fn temp_dest() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let dest = dir.path().join("dest");
