@@ -78,6 +78,9 @@ pub enum Command {
     Lease(LeaseArgs),
     /// Run the CSI node plugin: serve datasets to pods as read-only inline volumes.
     Csi(CsiArgs),
+    /// Mount s3://BUCKET/PREFIX/ read-only at MOUNTPOINT at once, hydrating it into --cache DIR
+    /// meanwhile: files opened first are fetched first; local files read at local speed.
+    Mount(MountArgs),
     /// Print a completion script for SHELL (e.g. `hydrator completions bash >
     /// /etc/bash_completion.d/hydrator`).
     Completions(CompletionsArgs),
@@ -245,6 +248,55 @@ pub struct SyncArgs {
     pub dry_run: bool,
     #[command(flatten)]
     pub options: SyncOptions,
+}
+
+#[derive(Debug, Args)]
+pub struct MountArgs {
+    /// SOURCE MOUNTPOINT: s3://BUCKET/PREFIX/ and the empty directory to mount the view on.
+    /// With --snapshot, MOUNTPOINT only.
+    #[arg(required = true, num_args = 1..=2, value_names = ["SOURCE", "MOUNTPOINT"])]
+    pub paths: Vec<String>,
+    /// Where the data is hydrated: a DEST as for `sync` (resumable; READY once complete).
+    #[arg(
+        long,
+        env = "HYDRATOR_CACHE",
+        hide_env_values = true,
+        value_name = "DIR"
+    )]
+    pub cache: PathBuf,
+    /// Mount exactly the objects recorded in this snapshot file (see `hydrator snapshot`).
+    #[arg(long, env = "HYDRATOR_SNAPSHOT", hide_env_values = true)]
+    pub snapshot: Option<PathBuf>,
+    /// Let every user read the view, not only the one who mounted it.
+    #[arg(long, env = "HYDRATOR_ALLOW_OTHER", hide_env_values = true, value_parser = clap::builder::BoolishValueParser::new())]
+    pub allow_other: bool,
+    #[command(flatten)]
+    pub options: SyncOptions,
+}
+
+impl MountArgs {
+    /// The sync the view runs (into --cache) and where it is mounted.
+    pub(crate) fn into_config(self) -> Result<(SyncConfig, PathBuf), UsageError> {
+        let cache = self.cache.to_string_lossy().into_owned();
+        let (paths, mountpoint) = match (&self.snapshot, self.paths.as_slice()) {
+            (Some(_), [mountpoint]) => (vec![cache], mountpoint),
+            (Some(_), _) => return Err(UsageError::new("with --snapshot, give only MOUNTPOINT")),
+            (None, [source, mountpoint]) => (vec![source.clone(), cache], mountpoint),
+            (None, _) => {
+                return Err(UsageError::new(
+                    "expected SOURCE and MOUNTPOINT (or --snapshot FILE MOUNTPOINT)",
+                ))
+            }
+        };
+        let mountpoint = PathBuf::from(mountpoint);
+        let sync = SyncArgs {
+            paths,
+            snapshot: self.snapshot,
+            dry_run: false,
+            options: self.options,
+        };
+        Ok((sync.into_config()?, mountpoint))
+    }
 }
 
 /// Where the S3 server is.

@@ -25,11 +25,12 @@ pub(crate) mod progress;
 pub(crate) mod rate;
 pub(crate) mod retry;
 mod run;
+pub(crate) mod schedule;
 pub(crate) mod stats;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use run::{Budget, Hooks, Outcome};
+pub(crate) use run::{Budget, Hooks, Listing, Outcome};
 
 use crate::config::SyncConfig;
 use crate::error::SyncError;

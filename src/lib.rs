@@ -22,6 +22,7 @@ pub(crate) mod fs;
 pub mod hash;
 pub(crate) mod lease;
 pub(crate) mod manifest;
+pub(crate) mod mount;
 pub(crate) mod plan;
 pub(crate) mod report;
 pub(crate) mod signals;

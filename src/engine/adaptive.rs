@@ -117,6 +117,15 @@ struct Weighted {
 pub(crate) struct Permit {
     _units: Units,
     _count: OwnedSemaphorePermit,
+    _also: Option<Box<dyn Send + Sync>>,
+}
+
+impl Permit {
+    /// This permit, holding `other` until it is released too (a lazy view's background window).
+    pub(crate) fn holding(mut self, other: Option<Box<dyn Send + Sync>>) -> Self {
+        self._also = other;
+        self
+    }
 }
 
 impl Weighted {
@@ -149,6 +158,7 @@ impl Weighted {
         Permit {
             _units: units,
             _count: count.expect("slots never close"),
+            _also: None,
         }
     }
 }
@@ -219,7 +229,8 @@ impl RequestSlots {
         self.peak.load(Relaxed)
     }
 
-    fn limit(&self) -> usize {
+    /// How many GETs of a full part may be in flight now.
+    pub(crate) fn limit(&self) -> usize {
         self.requests.units.size.load(Relaxed) / SLOT_UNITS
     }
 

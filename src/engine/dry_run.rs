@@ -108,6 +108,7 @@ pub(super) async fn run(
         sink: &mut sink,
         failures: Vec::new(),
         sink_error: None,
+        schedule: None,
     };
     let mut fatal = loop {
         let item = tokio::select! {

@@ -17,6 +17,7 @@ use super::limits;
 use super::object::mirror_object;
 use super::progress::Progress;
 use super::rate::Rates;
+use super::schedule::{Planned, Schedule};
 use super::stats::Stats;
 use crate::config::{Concurrency, SyncConfig};
 use crate::console::{self, Level};
@@ -98,7 +99,15 @@ pub(crate) struct Hooks {
     /// A `--dry-run` takes DEST's READY as gone (`verify --repair --dry-run` of a damaged
     /// DEST: the repair removes READY before it syncs). A real run never reads it.
     pub ready_removed: bool,
+    /// A listing made by the caller (a lazy view lists before it mounts): its ETags pin the
+    /// objects, so one that changes is an error, as with a snapshot.
+    pub listing: Option<Listing>,
+    /// The order to fetch in, when not the listing's (a lazy view's readers steer it).
+    pub schedule: Option<Arc<Schedule>>,
 }
+
+/// Listed objects as they stream in, ending with an error if the listing broke.
+pub(crate) type Listing = tokio::sync::mpsc::Receiver<Result<ObjectEntry, SyncError>>;
 
 /// The result of a run that got as far as starting.
 pub(crate) struct Outcome {
@@ -180,6 +189,8 @@ struct Prepared {
     progress: Progress,
     checkpointer: JoinHandle<()>,
     controller: Option<JoinHandle<()>>,
+    listing: Listing,
+    schedule: Option<Arc<Schedule>>,
 }
 
 enum Start {
@@ -248,7 +259,7 @@ async fn prepare(
             pool: budget.pool,
             rates: budget.rates,
             stats: hooks.stats,
-            pinned: cfg.snapshot.is_some(),
+            pinned: cfg.snapshot.is_some() || hooks.listing.is_some(),
         },
         write: WriteCtx {
             dest,
@@ -259,6 +270,11 @@ async fn prepare(
             checkpoints,
         },
     });
+    let listing = match (hooks.listing, &cfg.snapshot) {
+        (Some(listing), _) => listing,
+        (None, Some(snapshot)) => snapshot::spawn_entries(snapshot.clone()),
+        (None, None) => list::spawn(ctx.fetch.source.clone(), cfg.source.clone()),
+    };
     Ok(Start::Run(Prepared {
         ctx,
         filter,
@@ -268,6 +284,8 @@ async fn prepare(
         progress,
         checkpointer,
         controller,
+        listing,
+        schedule: hooks.schedule,
     }))
 }
 
@@ -288,23 +306,27 @@ async fn mirror(
 ) -> Mirrored {
     let ctx = run.ctx.clone();
     let stats = ctx.fetch.stats.clone();
+    let schedule = run.schedule.clone();
     let mut tally = Tally {
         stats: &stats,
         sink: &mut run.sink,
         failures: Vec::new(),
         sink_error: None,
-    };
-    let mut listing = match &cfg.snapshot {
-        Some(snapshot) => snapshot::spawn_entries(snapshot.clone()),
-        None => list::spawn(ctx.fetch.source.clone(), cfg.source.clone()),
+        schedule: schedule.as_deref(),
     };
     let state_path = cfg.dest.join(STATE_DIR);
     let manifest = &ctx.write.manifest;
-    let (mut base, mut listed) = match manifest
+    let mut planner = match manifest
         .cursor()
         .and_then(|cursor| Ok((cursor, ListedKeys::create(&run.state_dir)?)))
     {
-        Ok(opened) => opened,
+        Ok((base, listed)) => Planner {
+            base,
+            listed,
+            filter: &run.filter,
+            prefix: &cfg.source.prefix,
+            state_path: &state_path,
+        },
         Err(err) => {
             return Mirrored {
                 fatal: Some(LocalError::new("reading the manifest in", state_path, err).into()),
@@ -314,40 +336,20 @@ async fn mirror(
         }
     };
     let mut tasks = JoinSet::new();
-    let mut fatal = loop {
-        let item = tokio::select! {
-            item = listing.recv() => item,
-            () = stopped(stop) => break Some(SyncError::Stopped),
-        };
-        let entry = match item {
-            Some(Ok(entry)) => entry,
-            Some(Err(err)) => break Some(err),
-            None => {
-                stats.listing_done.store(true, Relaxed);
-                break None;
-            }
-        };
-        let Some(rel) = tally.select(&cfg.source.prefix, &run.filter, &entry) else {
-            continue;
-        };
-        let known = match listed.push(&entry.key).and_then(|()| base.take(&entry.key)) {
-            Ok(known) => known,
-            Err(err) => {
-                break Some(LocalError::new("reading the manifest in", state_path, err).into())
-            }
-        };
-        let permit = tokio::select! {
-            permit = ctx.fetch.request_slots.acquire_object(entry.size) => permit,
-            () = stopped(stop) => break Some(SyncError::Stopped),
-        };
-        let ctx = ctx.clone();
-        tasks.spawn(async move {
-            let key = entry.key.clone();
-            let result = mirror_object(ctx, entry, rel, known, permit).await;
-            (key, result)
-        });
-        while let Some(done) = tasks.try_join_next() {
-            tally.joined(done);
+    let listing = &mut run.listing;
+    let mut fatal = match &schedule {
+        None => in_listing_order(&ctx, listing, &mut planner, &mut tally, &mut tasks, stop).await,
+        Some(schedule) => {
+            in_schedule_order(
+                &ctx,
+                listing,
+                &mut planner,
+                &mut tally,
+                &mut tasks,
+                stop,
+                schedule,
+            )
+            .await
         }
     };
     if fatal.is_none() {
@@ -372,7 +374,152 @@ async fn mirror(
     Mirrored {
         fatal,
         failures: tally.failures,
-        listed: Some(listed),
+        listed: Some(planner.listed),
+    }
+}
+
+type ObjectTasks = JoinSet<(String, Result<FileRecord, ObjectError>)>;
+
+/// Plans listed entries in listing order: their files, and what the manifest knows of them.
+struct Planner<'a> {
+    base: manifest::base::Cursor,
+    listed: ListedKeys,
+    filter: &'a KeyFilter,
+    prefix: &'a str,
+    state_path: &'a std::path::Path,
+}
+
+impl Planner<'_> {
+    /// `None` for an entry the run does not mirror (booked by `tally`).
+    fn plan(
+        &mut self,
+        tally: &mut Tally,
+        entry: ObjectEntry,
+    ) -> Result<Option<Planned>, SyncError> {
+        let Some(rel) = tally.select(self.prefix, self.filter, &entry) else {
+            return Ok(None);
+        };
+        let known = self
+            .listed
+            .push(&entry.key)
+            .and_then(|()| self.base.take(&entry.key))
+            .local("reading the manifest in", self.state_path)?;
+        Ok(Some(Planned {
+            entry,
+            rel,
+            known,
+            window: None,
+        }))
+    }
+}
+
+/// Each planned object's task, started when an object slot is free.
+async fn start(
+    ctx: &Arc<Ctx>,
+    tasks: &mut ObjectTasks,
+    planned: Planned,
+    stop: &mut Option<watch::Receiver<bool>>,
+) -> Result<(), SyncError> {
+    let permit = tokio::select! {
+        permit = ctx.fetch.request_slots.acquire_object(planned.entry.size) => permit,
+        () = stopped(stop) => return Err(SyncError::Stopped),
+    };
+    let ctx = ctx.clone();
+    tasks.spawn(async move {
+        let Planned {
+            entry,
+            rel,
+            known,
+            window,
+        } = planned;
+        let permit = permit.holding(window.map(|w| Box::new(w) as Box<dyn Send + Sync>));
+        let key = entry.key.clone();
+        let result = mirror_object(ctx, entry, rel, known, permit).await;
+        (key, result)
+    });
+    Ok(())
+}
+
+/// A sync: objects start in listing order as they are listed.
+async fn in_listing_order(
+    ctx: &Arc<Ctx>,
+    listing: &mut Listing,
+    planner: &mut Planner<'_>,
+    tally: &mut Tally<'_>,
+    tasks: &mut ObjectTasks,
+    stop: &mut Option<watch::Receiver<bool>>,
+) -> Option<SyncError> {
+    loop {
+        let item = tokio::select! {
+            item = listing.recv() => item,
+            () = stopped(stop) => return Some(SyncError::Stopped),
+        };
+        let entry = match item {
+            Some(Ok(entry)) => entry,
+            Some(Err(err)) => return Some(err),
+            None => {
+                tally.stats.listing_done.store(true, Relaxed);
+                return None;
+            }
+        };
+        let planned = match planner.plan(tally, entry) {
+            Ok(Some(planned)) => planned,
+            Ok(None) => continue,
+            Err(err) => return Some(err),
+        };
+        if let Err(err) = start(ctx, tasks, planned, stop).await {
+            return Some(err);
+        }
+        while let Some(done) = tasks.try_join_next() {
+            tally.joined(done);
+        }
+    }
+}
+
+/// A lazy view: objects are planned in listing order and start in the schedule's order.
+async fn in_schedule_order(
+    ctx: &Arc<Ctx>,
+    listing: &mut Listing,
+    planner: &mut Planner<'_>,
+    tally: &mut Tally<'_>,
+    tasks: &mut ObjectTasks,
+    stop: &mut Option<watch::Receiver<bool>>,
+    schedule: &Schedule,
+) -> Option<SyncError> {
+    let mut planning = true;
+    loop {
+        tokio::select! {
+            item = listing.recv(), if planning => match item {
+                Some(Ok(entry)) => match planner.plan(tally, entry) {
+                    Ok(Some(planned)) => {
+                        if let Err(unknown) = schedule.push(planned) {
+                            // Not in the view: fetched all the same, so that READY is honest.
+                            if let Err(err) = start(ctx, tasks, unknown, stop).await {
+                                return Some(err);
+                            }
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(err) => return Some(err),
+                },
+                Some(Err(err)) => return Some(err),
+                None => {
+                    tally.stats.listing_done.store(true, Relaxed);
+                    schedule.planning_done();
+                    planning = false;
+                }
+            },
+            planned = schedule.next(ctx.fetch.request_slots.limit()) => match planned {
+                Some(planned) => {
+                    if let Err(err) = start(ctx, tasks, planned, stop).await {
+                        return Some(err);
+                    }
+                }
+                None => return None,
+            },
+            Some(done) = tasks.join_next(), if !tasks.is_empty() => tally.joined(done),
+            () = stopped(stop) => return Some(SyncError::Stopped),
+        }
     }
 }
 
@@ -731,6 +878,8 @@ pub(super) struct Tally<'a> {
     pub sink: &'a mut ReportSink,
     pub failures: Vec<Failure>,
     pub sink_error: Option<std::io::Error>,
+    /// Told of each finished object (a lazy view waits on it).
+    pub schedule: Option<&'a Schedule>,
 }
 
 impl Tally<'_> {
@@ -766,8 +915,18 @@ impl Tally<'_> {
         joined: Result<(String, Result<FileRecord, ObjectError>), tokio::task::JoinError>,
     ) {
         match joined {
-            Ok((_, Ok(record))) => self.done(record),
-            Ok((key, Err(err))) => self.failed(key, err),
+            Ok((key, Ok(record))) => {
+                if let Some(schedule) = self.schedule {
+                    schedule.finished(&key, Ok(()));
+                }
+                self.done(record)
+            }
+            Ok((key, Err(err))) => {
+                if let Some(schedule) = self.schedule {
+                    schedule.finished(&key, Err(err.to_string()));
+                }
+                self.failed(key, err)
+            }
             Err(err) if err.is_cancelled() => {}
             Err(err) => self.failed("(unknown)".into(), ObjectError::Task(err)),
         }

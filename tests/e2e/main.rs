@@ -11,5 +11,6 @@ mod dataset;
 mod docs;
 mod dry_run;
 mod front_door;
+mod mount;
 mod sync;
 mod torture;

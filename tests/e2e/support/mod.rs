@@ -49,6 +49,7 @@ pub mod faults;
 pub mod garage;
 pub mod keeper;
 pub mod moto;
+pub mod mount;
 pub mod seccomp;
 pub mod tls;
 

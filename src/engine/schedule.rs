@@ -1,0 +1,357 @@
+//! The order in which a lazy view's objects are fetched.
+//!
+//! A sync fetches in listing order. A lazy view (`hydrator mount`) fetches first what its readers
+//! open, then the files after the last one opened (read-ahead over the access pattern, so a
+//! loader reading shards in order stays ahead), then the rest, wrapping round. The engine still
+//! *plans* every object in listing order (the manifest's cursor and the listed spool need it) and
+//! only *dispatches* in this order.
+//!
+//! Objects fetched in the background are held to a small window: [`WINDOW_PER_SLOT`] downloads
+//! per request slot of the moment (an object leaves it when its download ends, not when its
+//! batch is durable). An opened file then queues behind about two GETs per slot, not behind
+//! every object the engine could have in flight (four per slot, each with its parts). Opened
+//! files bypass the window.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+use tokio::sync::{oneshot, Notify};
+
+use crate::manifest::ObjectState;
+use crate::plan::keys::RelPath;
+use crate::source::list::ObjectEntry;
+
+/// Background downloads per request slot.
+const WINDOW_PER_SLOT: usize = 2;
+
+/// An object the engine planned (in listing order) and has not fetched yet.
+pub(crate) struct Planned {
+    pub entry: ObjectEntry,
+    pub rel: RelPath,
+    pub known: Option<ObjectState>,
+    /// Its place in the background window, held until its download ends.
+    pub window: Option<WindowPlace>,
+}
+
+/// Why an object is not local: its fetch failed (the engine's reason), or the view is stopping.
+pub(crate) type Unavailable = Arc<str>;
+
+/// Whether a wanted object is local now, or when it will be.
+pub(crate) enum Wanted {
+    Now(Result<(), Unavailable>),
+    Later(oneshot::Receiver<Result<(), Unavailable>>),
+}
+
+#[derive(Clone)]
+enum State {
+    /// Not planned by the engine yet.
+    Unplanned,
+    Waiting,
+    Fetching,
+    Local,
+    Failed(Unavailable),
+}
+
+struct Inner {
+    states: Vec<State>,
+    waiting: BTreeMap<usize, Planned>,
+    urgent: VecDeque<usize>,
+    /// Where the background goes on: after the last file opened before it was local.
+    cursor: usize,
+    waiters: HashMap<usize, Vec<oneshot::Sender<Result<(), Unavailable>>>>,
+    planning_done: bool,
+    closed: Option<Unavailable>,
+}
+
+/// The objects of one run by their position in the listing, shared by the engine (which plans,
+/// dispatches and finishes them) and the view (which wants them).
+pub(crate) struct Schedule {
+    positions: HashMap<String, usize>,
+    inner: Mutex<Inner>,
+    /// Wakes the engine's dispatcher (the only one waiting on it).
+    changed: Notify,
+    window: Arc<Window>,
+}
+
+/// Background downloads in flight, and a wake-up when one ends.
+#[derive(Default)]
+struct Window {
+    downloads: AtomicUsize,
+    freed: Notify,
+}
+
+/// A background download's place in the window, given back when dropped.
+pub(crate) struct WindowPlace(Arc<Window>);
+
+impl Drop for WindowPlace {
+    fn drop(&mut self) {
+        self.0.downloads.fetch_sub(1, Relaxed);
+        self.0.freed.notify_one();
+    }
+}
+
+impl Schedule {
+    /// A schedule for the objects `keys`, in listing order.
+    pub(crate) fn new(keys: impl IntoIterator<Item = String>) -> Self {
+        let positions: HashMap<String, usize> =
+            keys.into_iter().enumerate().map(|(i, k)| (k, i)).collect();
+        let count = positions.len();
+        Self {
+            positions,
+            inner: Mutex::new(Inner {
+                states: vec![State::Unplanned; count],
+                waiting: BTreeMap::new(),
+                urgent: VecDeque::new(),
+                cursor: 0,
+                waiters: HashMap::new(),
+                planning_done: false,
+                closed: None,
+            }),
+            changed: Notify::new(),
+            window: Arc::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The engine planned `planned`; an object the schedule does not know is failed at once.
+    pub(crate) fn push(&self, planned: Planned) -> Result<(), Planned> {
+        let Some(&at) = self.positions.get(&planned.entry.key) else {
+            return Err(planned);
+        };
+        let mut inner = self.lock();
+        inner.states[at] = State::Waiting;
+        inner.waiting.insert(at, planned);
+        drop(inner);
+        self.changed.notify_one();
+        Ok(())
+    }
+
+    /// The engine planned every object.
+    pub(crate) fn planning_done(&self) {
+        self.lock().planning_done = true;
+        self.changed.notify_one();
+    }
+
+    /// The next object to fetch, with `slots` request slots in use now; `None` once every
+    /// planned object was handed out.
+    pub(crate) async fn next(&self, slots: usize) -> Option<Planned> {
+        let window = WINDOW_PER_SLOT * slots.max(1);
+        loop {
+            let changed = self.changed.notified();
+            let freed = self.window.freed.notified();
+            {
+                let mut inner = self.lock();
+                match inner.pick(&self.window, window) {
+                    Some(planned) => return Some(planned),
+                    None if inner.planning_done && inner.waiting.is_empty() => return None,
+                    None => {}
+                }
+            }
+            tokio::select! {
+                () = changed => {}
+                () = freed => {}
+            }
+        }
+    }
+
+    /// The engine finished `key`: local (written, durable, verified), or failed with `reason`.
+    pub(crate) fn finished(&self, key: &str, outcome: Result<(), String>) {
+        let Some(&at) = self.positions.get(key) else {
+            return;
+        };
+        let mut inner = self.lock();
+        let outcome = outcome.map_err(Unavailable::from);
+        inner.states[at] = match &outcome {
+            Ok(()) => State::Local,
+            Err(reason) => State::Failed(reason.clone()),
+        };
+        for waiter in inner.waiters.remove(&at).unwrap_or_default() {
+            let _ = waiter.send(outcome.clone());
+        }
+        drop(inner);
+        self.changed.notify_one();
+    }
+
+    /// Nothing more will be fetched: whoever waits, or wants an object not local, gets `reason`.
+    pub(crate) fn close(&self, reason: &str) {
+        let mut inner = self.lock();
+        let reason = Unavailable::from(reason);
+        inner.closed = Some(reason.clone());
+        for (_, waiters) in inner.waiters.drain() {
+            for waiter in waiters {
+                let _ = waiter.send(Err(reason.clone()));
+            }
+        }
+    }
+
+    /// The run completed: every object not failed is local (a run that found DEST already
+    /// READY planned none of them).
+    pub(crate) fn all_local(&self) {
+        let mut inner = self.lock();
+        for at in 0..inner.states.len() {
+            if !matches!(inner.states[at], State::Failed(_)) {
+                inner.states[at] = State::Local;
+                for waiter in inner.waiters.remove(&at).unwrap_or_default() {
+                    let _ = waiter.send(Ok(()));
+                }
+            }
+        }
+    }
+
+    /// A reader wants `key`: local now, failed, or fetched next (the files after it following).
+    pub(crate) fn want(&self, key: &str) -> Wanted {
+        let Some(&at) = self.positions.get(key) else {
+            return Wanted::Now(Err("not in this dataset".into()));
+        };
+        let mut inner = self.lock();
+        match &inner.states[at] {
+            State::Local => return Wanted::Now(Ok(())),
+            State::Failed(reason) => return Wanted::Now(Err(reason.clone())),
+            _ => {}
+        }
+        if let Some(reason) = &inner.closed {
+            return Wanted::Now(Err(reason.clone()));
+        }
+        let (tell, told) = oneshot::channel();
+        inner.waiters.entry(at).or_default().push(tell);
+        if matches!(inner.states[at], State::Unplanned | State::Waiting) {
+            inner.urgent.push_back(at);
+            inner.cursor = at + 1;
+        }
+        drop(inner);
+        self.changed.notify_one();
+        Wanted::Later(told)
+    }
+}
+
+impl Inner {
+    /// An opened object if one is planned, else the next background one if the window has room.
+    fn pick(&mut self, window: &Arc<Window>, size: usize) -> Option<Planned> {
+        while let Some(&at) = self.urgent.front() {
+            match self.states[at] {
+                State::Waiting => {
+                    self.urgent.pop_front();
+                    self.states[at] = State::Fetching;
+                    return self.waiting.remove(&at);
+                }
+                // Opened before the engine planned it: fetched once planned; the background
+                // may go on meanwhile.
+                State::Unplanned => break,
+                _ => {
+                    self.urgent.pop_front();
+                }
+            }
+        }
+        if window.downloads.load(Relaxed) >= size {
+            return None;
+        }
+        let next = self.waiting.range(self.cursor..).next().map(|(&at, _)| at);
+        let at = next.or_else(|| self.waiting.keys().next().copied())?;
+        let mut planned = self.waiting.remove(&at)?;
+        window.downloads.fetch_add(1, Relaxed);
+        planned.window = Some(WindowPlace(window.clone()));
+        self.states[at] = State::Fetching;
+        Some(planned)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn planned(key: &str, size: u64) -> Planned {
+        Planned {
+            entry: ObjectEntry {
+                key: key.into(),
+                size,
+                etag: "\"e\"".into(),
+                last_modified: None,
+                version_id: None,
+            },
+            rel: match crate::plan::keys::plan_key("", key, size) {
+                crate::plan::keys::KeyPlan::File(rel) => rel,
+                _ => unreachable!("test keys are plain"),
+            },
+            known: None,
+            window: None,
+        }
+    }
+
+    fn schedule(n: usize, size: u64) -> Schedule {
+        let keys: Vec<String> = (0..n).map(|i| format!("k{i:03}")).collect();
+        let schedule = Schedule::new(keys.clone());
+        for key in &keys {
+            assert!(schedule.push(planned(key, size)).is_ok());
+        }
+        schedule.planning_done();
+        schedule
+    }
+
+    const SLOTS: usize = 4;
+
+    async fn next_key(schedule: &Schedule) -> String {
+        schedule.next(SLOTS).await.expect("one more").entry.key
+    }
+
+    #[tokio::test]
+    async fn listing_order_then_an_opened_file_first_then_the_files_after_it() {
+        let schedule = schedule(10, 1);
+        assert_eq!(next_key(&schedule).await, "k000");
+        let Wanted::Later(told) = schedule.want("k007") else {
+            panic!("k007 is not local yet");
+        };
+        assert_eq!(next_key(&schedule).await, "k007");
+        assert_eq!(next_key(&schedule).await, "k008");
+        assert_eq!(next_key(&schedule).await, "k009");
+        // Round to the start, skipping what was handed out.
+        assert_eq!(next_key(&schedule).await, "k001");
+        schedule.finished("k007", Ok(()));
+        assert!(told.await.unwrap().is_ok());
+        assert!(matches!(schedule.want("k007"), Wanted::Now(Ok(()))));
+        schedule.finished("k000", Err("access denied".into()));
+        match schedule.want("k000") {
+            Wanted::Now(Err(reason)) => assert_eq!(&*reason, "access denied"),
+            _ => panic!("a failed object fails at once"),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_background_window_holds_back_other_files_but_not_an_opened_one() {
+        let schedule = schedule(20, 8 << 20);
+        let mut downloading = Vec::new();
+        for i in 0..WINDOW_PER_SLOT * SLOTS {
+            let planned = schedule.next(SLOTS).await.unwrap();
+            assert_eq!(planned.entry.key, format!("k{i:03}"));
+            downloading.push(planned);
+        }
+        let blocked =
+            tokio::time::timeout(std::time::Duration::from_millis(50), schedule.next(SLOTS));
+        assert!(blocked.await.is_err(), "the window is full");
+        let _told = schedule.want("k015");
+        assert_eq!(next_key(&schedule).await, "k015");
+        // A download that ends (its durable batch may come later) frees its room.
+        downloading.pop();
+        assert_eq!(next_key(&schedule).await, "k016", "read-ahead after k015");
+    }
+
+    #[tokio::test]
+    async fn closing_answers_every_waiter_and_the_end_is_none() {
+        let schedule = schedule(2, 1);
+        let Wanted::Later(told) = schedule.want("k001") else {
+            panic!("not local yet");
+        };
+        schedule.close("stopping");
+        assert_eq!(&*told.await.unwrap().unwrap_err(), "stopping");
+        assert!(matches!(schedule.want("k000"), Wanted::Now(Err(_))));
+        assert_eq!(next_key(&schedule).await, "k001");
+        assert_eq!(next_key(&schedule).await, "k000");
+        assert!(schedule.next(SLOTS).await.is_none());
+    }
+}

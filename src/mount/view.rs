@@ -1,0 +1,348 @@
+//! The FUSE side of a lazy view: names and attributes from the [`Tree`], opens that wait for
+//! the engine, and reads that go to the local file.
+//!
+//! Why it is built this way:
+//! - An open of a file that is not local asks the [`Schedule`] for it and is answered from a
+//!   tokio task when the engine has written, synced and verified it: the FUSE loop never blocks,
+//!   so `readdir`, `stat` and opens of local files go on meanwhile. A file the engine could not
+//!   fetch fails its open with EIO, so a reader never sees bytes that were not verified.
+//! - An opened local file is handed to the kernel as a passthrough backing file (Linux ≥ 6.9,
+//!   and CAP_SYS_ADMIN): its reads never come to this process, and run at the local file's
+//!   speed. One backing file per inode, held while any handle of it is open, as the kernel
+//!   wants. Where passthrough is refused, reads are served here with `pread` (said once).
+//! - The view is read-only and never changes while mounted: entries and attributes are cached
+//!   by the kernel for a day, and file data keeps its page cache between opens.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsStr;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, Request,
+};
+
+use super::tree::{FileNode, Kind, Tree};
+use crate::engine::schedule::{Schedule, Wanted};
+use crate::write::dest::Dest;
+
+/// The view never changes while mounted.
+const TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+pub(crate) struct LazyView {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    tree: Arc<Tree>,
+    schedule: Arc<Schedule>,
+    dest: Dest,
+    runtime: tokio::runtime::Handle,
+    uid: u32,
+    gid: u32,
+    passthrough: AtomicBool,
+    next_handle: AtomicU64,
+    open: Mutex<Open>,
+    /// Keys whose failure was logged by an open (once each).
+    told: Mutex<HashSet<String>>,
+}
+
+#[derive(Default)]
+struct Open {
+    /// Files read through this process (no passthrough), by handle.
+    files: HashMap<u64, Arc<File>>,
+    /// Passthrough backing files by inode, with how many handles use each.
+    backing: HashMap<u64, (Arc<BackingId>, usize)>,
+    /// The inode of each passthrough handle.
+    handles: HashMap<u64, u64>,
+}
+
+impl LazyView {
+    pub(crate) fn new(tree: Arc<Tree>, schedule: Arc<Schedule>, dest: Dest) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                tree,
+                schedule,
+                dest,
+                runtime: tokio::runtime::Handle::current(),
+                uid: rustix::process::getuid().as_raw(),
+                gid: rustix::process::getgid().as_raw(),
+                passthrough: AtomicBool::new(false),
+                next_handle: AtomicU64::new(1),
+                open: Mutex::default(),
+                told: Mutex::default(),
+            }),
+        }
+    }
+}
+
+impl Shared {
+    fn attr(&self, ino: u64) -> Option<FileAttr> {
+        let node = self.tree.node(ino)?;
+        let (kind, size, mtime, perm, nlink) = match &node.kind {
+            Kind::Dir { .. } => (FileType::Directory, 0, SystemTime::UNIX_EPOCH, 0o555, 2),
+            Kind::File(file) => (FileType::RegularFile, file.size, file.mtime, 0o444, 1),
+        };
+        Some(FileAttr {
+            ino: INodeNo(ino),
+            size,
+            blocks: size.div_ceil(512),
+            atime: mtime,
+            mtime,
+            ctime: mtime,
+            crtime: mtime,
+            kind,
+            perm,
+            nlink,
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            blksize: 4096,
+            flags: 0,
+        })
+    }
+
+    fn file(&self, ino: u64) -> Option<&FileNode> {
+        match &self.tree.node(ino)?.kind {
+            Kind::File(file) => Some(file),
+            Kind::Dir { .. } => None,
+        }
+    }
+
+    fn open_mut(&self) -> std::sync::MutexGuard<'_, Open> {
+        self.open
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Answers an open of `ino`, whose file is local: passthrough where the kernel takes it.
+    fn open_local(&self, ino: u64, reply: ReplyOpen) {
+        let Some(file) = self.file(ino) else {
+            return reply.error(Errno::ENOENT);
+        };
+        let local = match self.dest.open_final(&file.rel) {
+            Ok(Some(local)) => local,
+            Ok(None) => return self.fail(file, "the local file is missing", reply),
+            Err(err) => return self.fail(file, &format!("opening the local file: {err}"), reply),
+        };
+        let fh = self.next_handle.fetch_add(1, Relaxed);
+        if self.passthrough.load(Relaxed) {
+            let mut open = self.open_mut();
+            let backing = match open.backing.get_mut(&ino) {
+                Some((backing, users)) => {
+                    *users += 1;
+                    Some(backing.clone())
+                }
+                None => match reply.open_backing(&local) {
+                    Ok(backing) => {
+                        let backing = Arc::new(backing);
+                        open.backing.insert(ino, (backing.clone(), 1));
+                        Some(backing)
+                    }
+                    Err(err) => {
+                        self.passthrough.store(false, Relaxed);
+                        tracing::warn!(
+                            "FUSE passthrough refused ({err}): reads of the view go through hydrator, slower than the local files"
+                        );
+                        None
+                    }
+                },
+            };
+            if let Some(backing) = backing {
+                open.handles.insert(fh, ino);
+                return reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &backing);
+            }
+        }
+        self.open_mut().files.insert(fh, Arc::new(local));
+        reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE);
+    }
+
+    fn fail(&self, file: &FileNode, reason: &str, reply: ReplyOpen) {
+        let first = self
+            .told
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(file.key.clone());
+        if first {
+            tracing::error!(key = %file.key, "open failed with EIO: {reason}");
+        }
+        reply.error(Errno::EIO);
+    }
+}
+
+impl Filesystem for LazyView {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let offered = config.capabilities().contains(InitFlags::FUSE_PASSTHROUGH);
+        let taken = offered
+            && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+            && config.set_max_stack_depth(2).is_ok();
+        self.shared.passthrough.store(taken, Relaxed);
+        if !taken {
+            tracing::warn!(
+                "this kernel offers no FUSE passthrough (Linux 6.9 or later has it): reads of the view go through hydrator, slower than the local files"
+            );
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let found = name
+            .to_str()
+            .and_then(|name| self.shared.tree.lookup(parent.0, name))
+            .and_then(|ino| self.shared.attr(ino));
+        match found {
+            Some(attr) => reply.entry(&TTL, &attr, Generation(0)),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.shared.attr(ino.0) {
+            Some(attr) => reply.attr(&TTL, &attr),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if flags.acc_mode() != OpenAccMode::O_RDONLY {
+            return reply.error(Errno::EROFS);
+        }
+        let shared = &self.shared;
+        let Some(file) = shared.file(ino.0) else {
+            return reply.error(Errno::EISDIR);
+        };
+        match shared.schedule.want(&file.key) {
+            Wanted::Now(Ok(())) => shared.open_local(ino.0, reply),
+            Wanted::Now(Err(reason)) => shared.fail(file, &reason, reply),
+            Wanted::Later(told) => {
+                let shared = shared.clone();
+                shared.runtime.clone().spawn(async move {
+                    match told.await {
+                        Ok(Ok(())) => shared.open_local(ino.0, reply),
+                        Ok(Err(reason)) => {
+                            let file = shared.file(ino.0).expect("a file's inode");
+                            shared.fail(file, &reason, reply)
+                        }
+                        Err(_) => {
+                            let file = shared.file(ino.0).expect("a file's inode");
+                            shared.fail(file, "the mount is stopping", reply)
+                        }
+                    }
+                });
+            }
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let Some(file) = self.shared.open_mut().files.get(&fh.0).cloned() else {
+            return reply.error(Errno::EBADF);
+        };
+        let mut buf = vec![0; size as usize];
+        let mut filled = 0;
+        while filled < buf.len() {
+            match file.read_at(&mut buf[filled..], offset + filled as u64) {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return reply.error(Errno::EIO),
+            }
+        }
+        reply.data(&buf[..filled]);
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let mut open = self.shared.open_mut();
+        open.files.remove(&fh.0);
+        if let Some(ino) = open.handles.remove(&fh.0) {
+            if let Some((_, users)) = open.backing.get_mut(&ino) {
+                *users -= 1;
+                if *users == 0 {
+                    open.backing.remove(&ino);
+                }
+            }
+        }
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.shared.tree.node(ino.0).map(|node| &node.kind) {
+            Some(Kind::Dir { .. }) => reply.opened(
+                FileHandle(0),
+                FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
+            ),
+            Some(Kind::File(_)) => reply.error(Errno::ENOTDIR),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let tree = &self.shared.tree;
+        let Some(node) = tree.node(ino.0) else {
+            return reply.error(Errno::ENOENT);
+        };
+        let Kind::Dir { entries } = &node.kind else {
+            return reply.error(Errno::ENOTDIR);
+        };
+        let dots = [(".", ino.0), ("..", node.parent)];
+        let all = dots
+            .iter()
+            .map(|&(name, ino)| (name, ino))
+            .chain(entries.iter().map(|(name, ino)| (name.as_str(), *ino)));
+        for (i, (name, entry)) in all.enumerate().skip(offset as usize) {
+            let kind = match tree.node(entry).map(|n| &n.kind) {
+                Some(Kind::File(_)) => FileType::RegularFile,
+                _ => FileType::Directory,
+            };
+            if reply.add(INodeNo(entry), i as u64 + 1, kind, name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: fuser::ReplyStatfs) {
+        let tree = &self.shared.tree;
+        let blocks = tree.bytes().div_ceil(4096);
+        let files = tree.files() as u64;
+        reply.statfs(blocks, 0, 0, files, 0, 4096, 255, 4096);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_root_is_the_first_inode() {
+        assert_eq!(super::super::tree::ROOT, fuser::INodeNo::ROOT.0);
+    }
+}

@@ -1,0 +1,263 @@
+//! `hydrator mount`: a lazy view on a real FUSE mount (root, /dev/fuse), hydrated behind it.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
+use std::time::{Duration, Instant};
+
+use crate::support::faults::{Fault, Rule};
+use crate::support::mount::{is_mounted, Mounted};
+use crate::support::{content, has_ready, wait_until, Server};
+
+/// `n` files of `size` bytes named `shard-NNN.bin` under `dir/` (listing order = name order).
+fn shards(dir: &str, n: usize, size: usize) -> BTreeMap<String, Vec<u8>> {
+    (0..n)
+        .map(|i| {
+            (
+                format!("{dir}shard-{i:03}.bin"),
+                content(i as u64 + 7, size),
+            )
+        })
+        .collect()
+}
+
+/// Every GET of `prefix` stalls for `pause` before its first byte.
+fn slow_gets(server: &Server, prefix: &str, pause: Duration) {
+    server.faults.add(Rule {
+        ranged_only: false,
+        ..Rule::get(prefix, Fault::StallBody(0, pause)).times(usize::MAX)
+    });
+}
+
+/// Files present in the cache directory (published ones; partials are hidden names).
+fn local_files(cache: &std::path::Path, dir: &str) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(cache.join(dir))
+        .map(|entries| {
+            entries
+                .map(|e| e.unwrap())
+                .filter(|e| e.file_type().unwrap().is_file())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|name| !name.starts_with('.'))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+#[test]
+fn names_and_sizes_show_before_data_and_reads_match_the_store() {
+    let server = Server::local();
+    let mut dataset = shards("d/", 12, 100_000);
+    dataset.insert("top.txt".into(), content(1, 5));
+    dataset.insert("d/e/deep.bin".into(), content(2, 3 << 20));
+    dataset.insert("empty".into(), Vec::new());
+    server.seed("names/", &dataset);
+    slow_gets(&server, "/names/", Duration::from_secs(2));
+    let mount = Mounted::start(&server, "names/", &[]);
+
+    // Names, sizes and directories, with no data local yet.
+    let started = Instant::now();
+    for (path, data) in &dataset {
+        let meta = std::fs::metadata(mount.path(path)).unwrap();
+        assert_eq!(meta.len(), data.len() as u64, "{path}");
+        assert_eq!(meta.mode() & 0o777, 0o444, "{path}");
+    }
+    let mut top: Vec<String> = std::fs::read_dir(&mount.mountpoint)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    top.sort();
+    assert_eq!(top, ["d", "empty", "top.txt"]);
+    assert!(std::fs::metadata(mount.path("d/e")).unwrap().is_dir());
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "stat waited for data"
+    );
+    let local = local_files(&mount.cache, "d");
+    assert!(
+        local.is_empty(),
+        "nothing fetched yet: {local:?} {:?}",
+        started.elapsed()
+    );
+
+    // Read-only.
+    let write = std::fs::OpenOptions::new()
+        .write(true)
+        .open(mount.path("top.txt"));
+    assert_eq!(write.unwrap_err().raw_os_error(), Some(libc::EROFS));
+    assert!(std::fs::File::create(mount.path("new")).is_err());
+
+    // Every byte as in the store, then the cache is complete and READY.
+    server.faults.clear();
+    for (path, data) in &dataset {
+        assert!(std::fs::read(mount.path(path)).unwrap() == *data, "{path}");
+    }
+    wait_until("READY in the cache", Duration::from_secs(30), || {
+        has_ready(&mount.cache)
+    });
+    let log = mount.log();
+    assert!(log.contains("mounted s3://"), "{log}");
+    assert!(
+        !log.contains("passthrough"),
+        "passthrough is on here: {log}"
+    );
+}
+
+#[test]
+fn an_opened_file_jumps_the_queue_and_the_files_after_it_follow() {
+    let server = Server::local();
+    let dataset = shards("q/", 160, 64 << 10);
+    server.seed("queue/", &dataset);
+    slow_gets(&server, "/queue/", Duration::from_millis(100));
+    let mount = Mounted::start(&server, "queue/", &["--concurrency", "2"]);
+
+    let opened = Instant::now();
+    let data = std::fs::read(mount.path("q/shard-150.bin")).unwrap();
+    let waited = opened.elapsed();
+    assert!(data == dataset["q/shard-150.bin"]);
+    let local = local_files(&mount.cache, "q");
+    assert!(local.contains(&"shard-150.bin".to_string()));
+    // At 2 GETs of 100 ms at a time, the 150 files listed before it would take 7.5 s.
+    assert!(
+        local.len() < 100,
+        "{} files were fetched first (in {waited:?})",
+        local.len()
+    );
+
+    // Read-ahead: the files after the opened one come next.
+    wait_until(
+        "read-ahead after shard-150",
+        Duration::from_secs(20),
+        || {
+            let local = local_files(&mount.cache, "q");
+            (151..=155).all(|i| local.contains(&format!("shard-{i:03}.bin")))
+        },
+    );
+    let local = local_files(&mount.cache, "q");
+    assert!(
+        local.len() < 140,
+        "read-ahead, not the whole listing: {local:?}"
+    );
+}
+
+#[test]
+fn a_file_that_cannot_be_fetched_fails_its_open_with_eio_and_the_rest_read() {
+    let server = Server::local();
+    let dataset = shards("f/", 4, 10_000);
+    server.seed("failing/", &dataset);
+    server.faults.add(Rule {
+        ranged_only: false,
+        ..Rule::get("shard-002", Fault::Status(403, "AccessDenied")).times(usize::MAX)
+    });
+    let mount = Mounted::start(&server, "failing/", &[]);
+
+    let denied = std::fs::read(mount.path("f/shard-002.bin")).unwrap_err();
+    assert_eq!(denied.raw_os_error(), Some(libc::EIO), "{denied}");
+    assert!(std::fs::read(mount.path("f/shard-001.bin")).unwrap() == dataset["f/shard-001.bin"]);
+    let log = mount.log();
+    assert!(
+        log.contains("failing/f/shard-002.bin") && log.contains("EIO"),
+        "the log names the key: {log}"
+    );
+    // Failed for good: a second open fails at once too.
+    let again = std::fs::File::open(mount.path("f/shard-002.bin")).unwrap_err();
+    assert_eq!(again.raw_os_error(), Some(libc::EIO));
+    assert!(!has_ready(&mount.cache));
+}
+
+#[test]
+fn a_reader_never_sees_unverified_bytes_of_a_changed_or_truncated_object() {
+    let server = Server::local();
+    let dataset = shards("c/", 3, 3 << 20);
+    server.seed("changing/", &dataset);
+    // Replaced on the server when its GET comes: the listing's ETag no longer matches.
+    server.faults.add(Rule {
+        ranged_only: false,
+        ..Rule::get("shard-000", Fault::ReplaceObject(content(99, 3 << 20)))
+    });
+    // A body cut short once: retried, and the reader gets the whole file.
+    server.faults.add(Rule {
+        ranged_only: false,
+        ..Rule::get("shard-001", Fault::TruncateBody(1 << 20))
+    });
+    let mount = Mounted::start(&server, "changing/", &[]);
+
+    match std::fs::read(mount.path("c/shard-000.bin")) {
+        Err(err) => assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}"),
+        Ok(data) => panic!("a changed object was served ({} bytes)", data.len()),
+    }
+    assert!(std::fs::read(mount.path("c/shard-001.bin")).unwrap() == dataset["c/shard-001.bin"]);
+    assert!(std::fs::read(mount.path("c/shard-002.bin")).unwrap() == dataset["c/shard-002.bin"]);
+    let log = mount.log();
+    assert!(log.contains("changing/c/shard-000.bin"), "{log}");
+}
+
+#[test]
+fn sigterm_unmounts_and_leaves_the_cache_resumable() {
+    let server = Server::local();
+    let dataset = shards("r/", 40, 256 << 10);
+    server.seed("resume/", &dataset);
+    slow_gets(&server, "/resume/", Duration::from_millis(100));
+    let mut mount = Mounted::start(&server, "resume/", &["--concurrency", "2"]);
+    let first = std::fs::read(mount.path("r/shard-010.bin")).unwrap();
+    assert!(first == dataset["r/shard-010.bin"]);
+
+    let code = mount.stop("TERM");
+    assert_eq!(code, Some(3), "stopped before complete: {}", mount.log());
+    assert!(!is_mounted(&mount.mountpoint), "unmounted");
+    assert!(!has_ready(&mount.cache));
+
+    server.faults.clear();
+    let resumed = server.sync("resume/", &mount.cache, &[]);
+    resumed.assert_code(0);
+    assert!(
+        resumed.count("objects", "skipped") >= 1,
+        "the mount's files count"
+    );
+    assert!(has_ready(&mount.cache));
+}
+
+#[test]
+fn an_unmount_from_outside_ends_the_process() {
+    let server = Server::local();
+    server.seed("outside/", &shards("o/", 2, 1000));
+    let mut mount = Mounted::start(&server, "outside/", &[]);
+    wait_until("READY", Duration::from_secs(20), || has_ready(&mount.cache));
+    let unmounted = std::process::Command::new("umount")
+        .arg(&mount.mountpoint)
+        .status()
+        .unwrap();
+    assert!(unmounted.success());
+    let status = mount.child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "{}", mount.log());
+}
+
+#[test]
+fn a_hydrated_view_reads_through_passthrough_even_after_the_process_is_killed() {
+    let server = Server::local();
+    let dataset = shards("k/", 2, 4 << 20);
+    server.seed("killed/", &dataset);
+    let mut mount = Mounted::start(&server, "killed/", &[]);
+    let mut file = std::fs::File::open(mount.path("k/shard-000.bin")).unwrap();
+    let mut head = vec![0; 1 << 20];
+    file.read_exact(&mut head).unwrap();
+
+    mount.child.kill().unwrap();
+    mount.child.wait().unwrap();
+    let mut rest = Vec::new();
+    let after = file.read_to_end(&mut rest);
+    let other = std::fs::read(mount.path("k/shard-001.bin"));
+    match after {
+        Ok(_) => {
+            head.extend_from_slice(&rest);
+            assert!(
+                head == dataset["k/shard-000.bin"],
+                "never zeros or stale bytes"
+            );
+        }
+        Err(err) => assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN), "{err}"),
+    }
+    let other = other.unwrap_err();
+    assert_eq!(other.raw_os_error(), Some(libc::ENOTCONN), "{other}");
+}
