@@ -261,3 +261,87 @@ fn a_hydrated_view_reads_through_passthrough_even_after_the_process_is_killed() 
     let other = other.unwrap_err();
     assert_eq!(other.raw_os_error(), Some(libc::ENOTCONN), "{other}");
 }
+
+#[test]
+fn hostile_keys_stay_out_of_the_view_and_out_of_the_filesystem() {
+    let server = Server::local();
+    let good = shards("ok/", 2, 1000);
+    server.seed("hostile-view/", &good);
+    let hostile = [
+        "hostile-view/../escape.txt",
+        "hostile-view/a/../../escape2.txt",
+        "hostile-view//absolute.txt",
+        "hostile-view/.hydrator/READY",
+    ];
+    let injected = hostile.iter().map(|k| (k.to_string(), 5)).collect();
+    server
+        .faults
+        .add(Rule::listing(Fault::InjectListing(injected)).times(usize::MAX));
+    let mount = Mounted::start(&server, "hostile-view/", &[]);
+
+    let mut seen = Vec::new();
+    let mut dirs = vec![mount.mountpoint.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let entry = entry.unwrap();
+            match entry.file_type().unwrap().is_dir() {
+                true => dirs.push(entry.path()),
+                false => seen.push(
+                    entry
+                        .path()
+                        .strip_prefix(&mount.mountpoint)
+                        .unwrap()
+                        .to_string_lossy()
+                        .into_owned(),
+                ),
+            }
+        }
+    }
+    seen.sort();
+    assert_eq!(seen, ["ok/shard-000.bin", "ok/shard-001.bin"]);
+    assert!(std::fs::metadata(mount.path("../escape.txt")).is_err());
+    assert!(std::fs::metadata(mount.path(".hydrator")).is_err());
+    for (path, data) in &good {
+        assert!(std::fs::read(mount.path(path)).unwrap() == *data);
+    }
+    // Nothing written beside the cache: the temp dir holds the view, the cache and the log.
+    let parent = mount.cache.parent().unwrap();
+    let mut beside: Vec<String> = std::fs::read_dir(parent)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    beside.sort();
+    assert_eq!(beside, ["cache", "mount.log", "view"]);
+}
+
+#[test]
+fn a_directory_of_100_000_entries_lists_in_a_second_once_cached() {
+    let server = Server::local();
+    server.seed("wide/", &shards("", 1, 10));
+    // Entries only in the listing: the engine, held to one GET a second, fetches almost none.
+    let wide: Vec<(String, u64)> = (0..100_000)
+        .map(|i| (format!("wide/many/f{i:06}"), 4096))
+        .collect();
+    server
+        .faults
+        .add(Rule::listing(Fault::InjectListing(wide)).times(usize::MAX));
+    let mount = Mounted::start(&server, "wide/", &["--max-requests-per-second", "1"]);
+
+    let list = || {
+        let started = Instant::now();
+        let count = std::fs::read_dir(mount.path("many"))
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().metadata().unwrap().len() == 4096)
+            .count();
+        (count, started.elapsed())
+    };
+    let (first, cold) = list();
+    assert_eq!(first, 100_000);
+    let (again, cached) = list();
+    assert_eq!(again, 100_000);
+    assert!(
+        cached < Duration::from_secs(1),
+        "100,000 entries with their sizes: {cold:?} cold, {cached:?} cached"
+    );
+    eprintln!("readdir + stat of 100,000 entries: {cold:?} cold, {cached:?} cached");
+}
