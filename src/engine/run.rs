@@ -492,7 +492,7 @@ async fn in_schedule_order(
             item = listing.recv(), if planning => match item {
                 Some(Ok(entry)) => match planner.plan(tally, entry) {
                     Ok(Some(planned)) => {
-                        if let Err(unknown) = schedule.push(planned) {
+                        if let Some(unknown) = schedule.push(planned) {
                             // Not in the view: fetched all the same, so that READY is honest.
                             if let Err(err) = start(ctx, tasks, unknown, stop).await {
                                 return Some(err);

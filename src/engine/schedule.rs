@@ -120,17 +120,17 @@ impl Schedule {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The engine planned `planned`; an object the schedule does not know is failed at once.
-    pub(crate) fn push(&self, planned: Planned) -> Result<(), Planned> {
+    /// The engine planned `planned`; an object the schedule does not know is handed back.
+    pub(crate) fn push(&self, planned: Planned) -> Option<Planned> {
         let Some(&at) = self.positions.get(&planned.entry.key) else {
-            return Err(planned);
+            return Some(planned);
         };
         let mut inner = self.lock();
         inner.states[at] = State::Waiting;
         inner.waiting.insert(at, planned);
         drop(inner);
         self.changed.notify_one();
-        Ok(())
+        None
     }
 
     /// The engine planned every object.
@@ -288,7 +288,7 @@ mod tests {
         let keys: Vec<String> = (0..n).map(|i| format!("k{i:03}")).collect();
         let schedule = Schedule::new(keys.clone());
         for key in &keys {
-            assert!(schedule.push(planned(key, size)).is_ok());
+            assert!(schedule.push(planned(key, size)).is_none());
         }
         schedule.planning_done();
         schedule

@@ -248,6 +248,10 @@ fn a_hydrated_view_reads_through_passthrough_even_after_the_process_is_killed() 
     let mut rest = Vec::new();
     let after = file.read_to_end(&mut rest);
     let other = std::fs::read(mount.path("k/shard-001.bin"));
+    eprintln!(
+        "a file open at kill -9 reads on: {:?}",
+        after.as_ref().map(|_| ())
+    );
     match after {
         Ok(_) => {
             head.extend_from_slice(&rest);
