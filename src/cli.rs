@@ -270,6 +270,10 @@ pub struct MountArgs {
     /// Let every user read the view, not only the one who mounted it.
     #[arg(long, env = "HYDRATOR_ALLOW_OTHER", hide_env_values = true, value_parser = clap::builder::BoolishValueParser::new())]
     pub allow_other: bool,
+    /// Serve reads of local files from hydrator instead of handing them to the kernel (FUSE
+    /// passthrough): slower, for kernels whose passthrough misbehaves.
+    #[arg(long, env = "HYDRATOR_NO_PASSTHROUGH", hide_env_values = true, value_parser = clap::builder::BoolishValueParser::new())]
+    pub no_passthrough: bool,
     #[command(flatten)]
     pub options: SyncOptions,
 }

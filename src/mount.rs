@@ -42,7 +42,7 @@ const SESSION_END: Duration = Duration::from_secs(5);
 /// Mounts the view, serves it until a signal or an unmount, and returns the hydration's exit
 /// code (3 when stopped before the dataset was complete: the next run resumes).
 pub(crate) async fn run(args: MountArgs) -> Result<Exit, SyncError> {
-    let allow_other = args.allow_other;
+    let (allow_other, passthrough) = (args.allow_other, !args.no_passthrough);
     let (cfg, mountpoint) = args.into_config()?;
     check_mountpoint(&mountpoint, &cfg.dest)?;
     let (budget, controller) = Budget::new(
@@ -67,7 +67,7 @@ pub(crate) async fn run(args: MountArgs) -> Result<Exit, SyncError> {
     let mut engine = tokio::spawn(engine::run_with(cfg.clone(), hooks));
     let dest = Dest::open(&cfg.dest).local("opening", &cfg.dest)?;
     let (files, bytes) = (tree.files(), tree.bytes());
-    let view = view::LazyView::new(Arc::new(tree), schedule.clone(), dest);
+    let view = view::LazyView::new(Arc::new(tree), schedule.clone(), dest, passthrough);
     let (mut unmounter, mut session_ended) = match mount(view, &mountpoint, &cfg, allow_other).await
     {
         Ok(mounted) => mounted,

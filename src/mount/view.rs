@@ -36,6 +36,8 @@ const TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
 pub(crate) struct LazyView {
     shared: Arc<Shared>,
+    /// Whether to ask the kernel for passthrough (`--no-passthrough` says no).
+    want_passthrough: bool,
 }
 
 struct Shared {
@@ -63,8 +65,14 @@ struct Open {
 }
 
 impl LazyView {
-    pub(crate) fn new(tree: Arc<Tree>, schedule: Arc<Schedule>, dest: Dest) -> Self {
+    pub(crate) fn new(
+        tree: Arc<Tree>,
+        schedule: Arc<Schedule>,
+        dest: Dest,
+        want_passthrough: bool,
+    ) -> Self {
         Self {
+            want_passthrough,
             shared: Arc::new(Shared {
                 tree,
                 schedule,
@@ -178,14 +186,19 @@ impl Shared {
 impl Filesystem for LazyView {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let offered = config.capabilities().contains(InitFlags::FUSE_PASSTHROUGH);
-        let taken = offered
+        let taken = self.want_passthrough
+            && offered
             && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
             && config.set_max_stack_depth(2).is_ok();
         self.shared.passthrough.store(taken, Relaxed);
-        if !taken {
-            tracing::warn!(
+        match (taken, self.want_passthrough) {
+            (true, _) => {}
+            (false, true) => tracing::warn!(
                 "this kernel offers no FUSE passthrough (Linux 6.9 or later has it): reads of the view go through hydrator, slower than the local files"
-            );
+            ),
+            (false, false) => tracing::info!(
+                "FUSE passthrough off (--no-passthrough): reads of the view go through hydrator"
+            ),
         }
         Ok(())
     }

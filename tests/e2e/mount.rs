@@ -340,3 +340,27 @@ fn a_directory_of_100_000_entries_lists_in_a_second_once_cached() {
     );
     eprintln!("readdir + stat of 100,000 entries: {cold:?} cold, {cached:?} cached");
 }
+
+#[test]
+fn without_passthrough_the_view_reads_through_hydrator_and_says_so_once() {
+    let server = Server::local();
+    let dataset = shards("p/", 3, 3 << 20);
+    server.seed("no-passthrough/", &dataset);
+    let mount = Mounted::start(&server, "no-passthrough/", &["--no-passthrough"]);
+    for (path, data) in &dataset {
+        assert!(std::fs::read(mount.path(path)).unwrap() == *data, "{path}");
+        // Random reads, served by hydrator's pread.
+        let file = std::fs::File::open(mount.path(path)).unwrap();
+        let mut buf = vec![0; 4096];
+        for offset in [0, 12_345, (3 << 20) - 4096] {
+            std::os::unix::fs::FileExt::read_exact_at(&file, &mut buf, offset).unwrap();
+            assert!(
+                buf == data[offset as usize..offset as usize + 4096],
+                "{path} at {offset}"
+            );
+        }
+    }
+    let log = mount.log();
+    assert_eq!(log.matches("passthrough off").count(), 1, "{log}");
+    drop(mount);
+}

@@ -36,7 +36,9 @@ impl Mounted {
         );
         std::fs::create_dir(&mountpoint).unwrap();
         let mut command = Self::command(server, prefix, &mountpoint, &cache);
+
         command.args(args);
+
         command.stderr(std::fs::File::create(&log).unwrap());
         let mut mounted = Self {
             child: command.spawn().expect("hydrator mount starts"),
