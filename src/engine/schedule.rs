@@ -342,6 +342,21 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_file_opened_before_the_engine_planned_it_goes_first_once_planned() {
+        let keys: Vec<String> = (0..4).map(|i| format!("k{i:03}")).collect();
+        let schedule = Schedule::new(keys.clone());
+        let _told = schedule.want("k003");
+        for key in &keys {
+            assert!(schedule.push(planned(key, 1)).is_none());
+        }
+        schedule.planning_done();
+        assert_eq!(next_key(&schedule).await, "k003");
+        assert_eq!(next_key(&schedule).await, "k000", "then round to the start");
+        assert!(matches!(schedule.want("nope"), Wanted::Now(Err(_))));
+        assert!(schedule.push(planned("nope", 1)).is_some(), "handed back");
+    }
+
+    #[tokio::test]
     async fn closing_answers_every_waiter_and_the_end_is_none() {
         let schedule = schedule(2, 1);
         let Wanted::Later(told) = schedule.want("k001") else {
