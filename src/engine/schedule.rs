@@ -252,8 +252,15 @@ impl Inner {
         if window.downloads.load(Relaxed) >= size {
             return None;
         }
+        // Round to the start only once everything is planned: until then the background
+        // follows the planner from the cursor, so an object opened before it was planned is
+        // not overtaken by the files listed before it.
         let next = self.waiting.range(self.cursor..).next().map(|(&at, _)| at);
-        let at = next.or_else(|| self.waiting.keys().next().copied())?;
+        let at = match next {
+            Some(at) => at,
+            None if self.planning_done => *self.waiting.keys().next()?,
+            None => return None,
+        };
         let mut planned = self.waiting.remove(&at)?;
         window.downloads.fetch_add(1, Relaxed);
         planned.window = Some(WindowPlace(window.clone()));
@@ -354,6 +361,37 @@ mod tests {
         assert_eq!(next_key(&schedule).await, "k000", "then round to the start");
         assert!(matches!(schedule.want("nope"), Wanted::Now(Err(_))));
         assert!(schedule.push(planned("nope", 1)).is_some(), "handed back");
+    }
+
+    #[tokio::test]
+    async fn while_planning_the_background_does_not_overtake_a_file_opened_ahead() {
+        let keys: Vec<String> = (0..10).map(|i| format!("k{i:03}")).collect();
+        let schedule = Schedule::new(keys.clone());
+        let _told = schedule.want("k005");
+        let early =
+            || tokio::time::timeout(std::time::Duration::from_millis(20), schedule.next(SLOTS));
+        for key in &keys[..5] {
+            assert!(schedule.push(planned(key, 1)).is_none());
+        }
+        assert!(
+            early().await.is_err(),
+            "k000..k004 wait behind the opened k005"
+        );
+        assert!(schedule.push(planned("k005", 1)).is_none());
+        assert_eq!(next_key(&schedule).await, "k005");
+        assert!(early().await.is_err(), "k006 is not planned yet");
+        assert!(schedule.push(planned("k006", 1)).is_none());
+        assert_eq!(next_key(&schedule).await, "k006");
+        for key in &keys[7..] {
+            assert!(schedule.push(planned(key, 1)).is_none());
+        }
+        schedule.planning_done();
+        let rest: Vec<String> =
+            futures::future::join_all((0..8).map(|_| next_key(&schedule))).await;
+        assert_eq!(
+            rest,
+            ["k007", "k008", "k009", "k000", "k001", "k002", "k003", "k004"]
+        );
     }
 
     #[tokio::test]

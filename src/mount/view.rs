@@ -11,7 +11,8 @@
 //!   speed. One backing file per inode, held while any handle of it is open, as the kernel
 //!   wants. Where passthrough is refused, reads are served here with `pread` (said once).
 //! - The view is read-only and never changes while mounted: entries and attributes are cached
-//!   by the kernel for a day, and file data keeps its page cache between opens.
+//!   by the kernel for a day, file data keeps its page cache between opens, and a close sends
+//!   no flush (`FOPEN_NOFLUSH`): each file costs this process one open and one release.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
@@ -163,11 +164,18 @@ impl Shared {
             };
             if let Some(backing) = backing {
                 open.handles.insert(fh, ino);
-                return reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &backing);
+                return reply.opened_passthrough(
+                    FileHandle(fh),
+                    FopenFlags::FOPEN_NOFLUSH,
+                    &backing,
+                );
             }
         }
         self.open_mut().files.insert(fh, Arc::new(local));
-        reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE);
+        reply.opened(
+            FileHandle(fh),
+            FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH,
+        );
     }
 
     fn fail(&self, file: &FileNode, reason: &str, reply: ReplyOpen) {
@@ -276,6 +284,34 @@ impl Filesystem for LazyView {
             }
         }
         reply.data(&buf[..filled]);
+    }
+
+    /// Nothing is ever written: a close has nothing to flush (and `FOPEN_NOFLUSH` asks the
+    /// kernel not to send it).
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    /// No ioctl applies to a file of the view (a `TCGETS` from `isatty` is the usual one).
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        reply.error(Errno::ENOTTY);
     }
 
     fn release(

@@ -1,0 +1,558 @@
+#!/usr/bin/env python3
+"""Lazy (`hydrator mount`) against eager (`hydrator sync`) for a trainer reading a dataset.
+
+A "trainer" reads every file once in a fixed shuffled order (random.Random(1)) with K=4 reader
+threads, each file read fully with 1 MiB reads; shape C (one big file) is read with random
+4 KiB preads instead (one pread per 16 pages of the file, at aligned random offsets). Shapes:
+
+    A  256 × 8 MiB shards        (--scale small: 64 × 8 MiB)
+    B  20,000 × 64 KiB files     (--scale small: 5,000 × 64 KiB)
+    C  1 × 2 GiB, random 4 KiB   (--scale small: 1 × 512 MiB)
+
+Per shape and round it measures, with the cache / DEST removed between runs:
+
+  1. time to first batch: lazy = from starting `hydrator mount` (mount time included: the script
+     polls /proc/self/mountinfo for the fuse mount) until the first file is fully read through
+     the mountpoint; eager = `hydrator sync` wall time + the first file read from DEST.
+  2. time to read everything once: lazy = mount start until the trainer has read every file
+     through the mount; eager = sync wall time (+ the trainer over DEST, reported beside it).
+     The ratio is lazy / eager hydration alone (target ≤ 1.1).
+  3. hydrated read speed: after READY, the trainer's pass (sequential 1 MiB reads, then random
+     4 KiB preads) through the mountpoint against the same pass over the cache directory itself
+     (a plain directory standing in for a bind mount), with `sync; echo 3 > drop_caches` before
+     each pass; ratio = throughput mount / plain (target ≥ 0.95). The order alternates by round.
+  4. hydration cost: mount start to CACHE/.hydrator/READY with the trainer reading, against a
+     mount with no reader at all (target ≤ 1.15).
+
+Client CPU (user + sys) of the hydrator process: `sync` from wait4(2); `mount` from /proc at
+READY (hydration alone, no reader) and from wait4 for the mount that served the trainer.
+Medians over the rounds go to stdout and benches/RESULTS-lazy.md.
+
+    python3 benches/lazy.py --origin --shapes A,B,C --rounds 3
+    python3 benches/lazy.py --origin --shapes A,B --rounds 1 --scale small
+
+The server is benches/origin.rs (compare.Origin: near-free, in-memory). Garage is not wired in
+yet (--garage is refused). Run as root (drop_caches, FUSE). --hydrator-bin / --origin-bin take
+prebuilt binaries (copied first, so a concurrent build in target/ cannot swap them mid-run).
+"""
+
+import argparse
+import datetime
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+BENCHES = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCHES))
+import compare  # noqa: E402
+
+REPO = compare.REPO
+MiB, GiB = compare.MiB, compare.GiB
+K = 4
+READ = 1 * MiB
+PAGE = 4096
+PER_DIR = 1000
+
+SHAPES = {
+    # name: (title, prefix, full count, small count, size full, size small, random)
+    "A": ("shards: {count} × 8 MiB", "la", 256, 64, 8 * MiB, 8 * MiB, False),
+    "B": ("small files: {count} × 64 KiB", "lb", 20_000, 5_000, 64 << 10, 64 << 10, False),
+    "C": ("one big file: 1 × {size}, random 4 KiB preads", "lc", 1, 1, 2 * GiB, 512 * MiB, True),
+}
+
+
+class Shape:
+    def __init__(self, key, scale):
+        title, prefix, full, small, size_full, size_small, rnd = SHAPES[key]
+        self.key = key
+        self.prefix = prefix
+        self.count = full if scale == "full" else small
+        self.size = size_full if scale == "full" else size_small
+        self.random = rnd
+        self.title = title.format(count=f"{self.count:,}", size=human(self.size))
+        digits = max(6, len(str(self.count - 1)))
+        names = [f"f{i:0{digits}}.bin" for i in range(self.count)]
+        if self.count > PER_DIR:
+            names = [f"d{i // PER_DIR:04}/{n}" for i, n in enumerate(names)]
+        self.names = names
+        order = list(range(self.count))
+        random.Random(1).shuffle(order)
+        self.order = [names[i] for i in order]
+
+    @property
+    def total(self):
+        return self.count * self.size
+
+    def preads(self):
+        """(name, offset) of the random pass: one 4 KiB pread per 16 pages of each file."""
+        rng = random.Random(1)
+        pages = self.size // PAGE
+        return [(name, [rng.randrange(pages) * PAGE for _ in range(max(1, pages // 16))])
+                for name in self.order]
+
+
+def human(n):
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
+        if n >= size:
+            return f"{n / size:g} {unit}"
+    return f"{n} B"
+
+
+def log(*args):
+    print(f"[{datetime.datetime.utcnow():%H:%M:%S}]", *args, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- the trainer
+
+
+def trainer(root, shape, mode, t0=None):
+    """Reads the dataset under root with K threads. mode "seq": each file in shape.order fully
+    with 1 MiB reads; mode "rand": shape.preads(). Returns (first-file time, all time) relative
+    to t0 (default: the trainer's start), and the bytes read. "First" is the first file fully
+    read (seq) or the first pread done (rand)."""
+    t0 = t0 if t0 is not None else time.monotonic()
+    if mode == "seq":
+        work = [(name, None) for name in shape.order]
+    else:
+        work = shape.preads()
+        if shape.count == 1:
+            # One file: the K threads share its preads (each opens the file).
+            name, offsets = work[0]
+            work = [(name, offsets[i::K]) for i in range(K)]
+    lock = threading.Lock()
+    state = {"next": 0, "first": None, "bytes": 0, "error": None}
+
+    def worker():
+        buf = bytearray(READ if mode == "seq" else PAGE)
+        view = memoryview(buf)
+        got = 0
+        try:
+            while True:
+                with lock:
+                    i = state["next"]
+                    if i >= len(work) or state["error"]:
+                        break
+                    state["next"] = i + 1
+                name, offsets = work[i]
+                fd = os.open(os.path.join(root, name), os.O_RDONLY)
+                try:
+                    if offsets is None:
+                        while True:
+                            n = os.readv(fd, [view])
+                            if n == 0:
+                                break
+                            got += n
+                    else:
+                        for off in offsets:
+                            got += os.preadv(fd, [view], off)
+                            if state["first"] is None:
+                                with lock:
+                                    if state["first"] is None:
+                                        state["first"] = time.monotonic()
+                finally:
+                    os.close(fd)
+                now = time.monotonic()
+                with lock:
+                    if state["first"] is None:
+                        state["first"] = now
+        except BaseException as e:  # noqa: BLE001
+            with lock:
+                state["error"] = e
+        with lock:
+            state["bytes"] += got
+
+    threads = [threading.Thread(target=worker) for _ in range(K)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    end = time.monotonic()
+    if state["error"]:
+        raise state["error"]
+    return state["first"] - t0, end - t0, state["bytes"]
+
+
+def drop_caches():
+    subprocess.run(["sync"], check=True)
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+# ---------------------------------------------------------------- processes
+
+
+def fuse_mounted(mountpoint):
+    mp = str(mountpoint)
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields = left.split()
+            if len(fields) > 4 and fields[4] == mp and right.split()[0].startswith("fuse"):
+                return True
+    return False
+
+
+def any_mounted(mountpoint):
+    mp = str(mountpoint)
+    with open("/proc/self/mountinfo") as f:
+        return any(len(l.split()) > 4 and l.split()[4] == mp for l in f)
+
+
+class Proc:
+    """A child reaped with wait4(2) for its rusage."""
+
+    def __init__(self, cmd, env, log_path):
+        self.log = open(log_path, "ab")
+        self.log.write(("\n$ " + " ".join(cmd) + "\n").encode())
+        self.log.flush()
+        self.start = time.monotonic()
+        self.popen = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=self.log,
+                                      stderr=self.log)
+        self.pid = self.popen.pid
+        self.status = None
+        self.cpu = None
+        self.end = None
+
+    def poll(self):
+        if self.status is None:
+            pid, status, ru = os.wait4(self.pid, os.WNOHANG)
+            if pid:
+                self._done(status, ru)
+        return self.status
+
+    def wait(self, timeout=None):
+        if self.status is not None:
+            return self.status
+        if timeout is None:
+            _, status, ru = os.wait4(self.pid, 0)
+            self._done(status, ru)
+            return self.status
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.poll() is not None:
+                return self.status
+            time.sleep(0.01)
+        return None
+
+    def _done(self, status, ru):
+        self.end = time.monotonic()
+        self.status = os.waitstatus_to_exitcode(status)
+        self.cpu = ru.ru_utime + ru.ru_stime
+        self.popen.returncode = self.status
+        self.log.close()
+
+    def cpu_now(self):
+        return compare.process_cpu(self.pid)
+
+
+class Bench:
+    def __init__(self, args, endpoint, hydrator, work):
+        self.args = args
+        self.endpoint = endpoint
+        self.env = compare.s3_env(endpoint)
+        self.env["RUST_LOG"] = self.env.get("RUST_LOG", "info")
+        self.hydrator = hydrator
+        self.work = work
+        self.mountpoint = work / "mnt"
+        self.cache = work / "cache"
+        self.dest = work / "dest"
+        self.logs = work / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.mount_proc = None
+
+    def source(self, shape):
+        return f"s3://{compare.BUCKET}/{shape.prefix}/"
+
+    def clean(self):
+        self.unmount()
+        for d in (self.cache, self.dest):
+            shutil.rmtree(d, ignore_errors=True)
+        self.mountpoint.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["sync"], check=True)
+
+    def mount(self, shape, tag):
+        self.cache.mkdir(parents=True, exist_ok=True)
+        cmd = [self.hydrator, "mount", self.source(shape), str(self.mountpoint), "--cache",
+               str(self.cache), "--endpoint-url", self.endpoint, "--progress", "none"]
+        if self.args.concurrency:
+            cmd += ["--concurrency", self.args.concurrency]
+        proc = Proc(cmd, self.env, self.logs / f"{shape.key}-{tag}.log")
+        self.mount_proc = proc
+        deadline = time.monotonic() + 300
+        while not fuse_mounted(self.mountpoint):
+            if proc.poll() is not None:
+                raise RuntimeError(f"hydrator mount exited {proc.status} before mounting; "
+                                   f"see {proc.log.name}")
+            if time.monotonic() > deadline:
+                raise RuntimeError("hydrator mount did not mount within 300 s")
+            time.sleep(0.002)
+        return proc, time.monotonic()
+
+    def unmount(self):
+        proc, self.mount_proc = self.mount_proc, None
+        if proc and proc.status is None:
+            proc.popen.send_signal(signal.SIGTERM)
+            if proc.wait(30) is None:
+                log("hydrator mount did not exit 30 s after SIGTERM; killing it")
+                proc.popen.kill()
+                proc.wait()
+        if any_mounted(self.mountpoint):
+            log(f"{self.mountpoint} still mounted after the mount process ended: umount -l")
+            subprocess.run(["umount", "-l", str(self.mountpoint)], check=False)
+        return proc
+
+    def wait_ready(self, proc, deadline_s=1800):
+        ready = self.cache / ".hydrator" / "READY"
+        deadline = time.monotonic() + deadline_s
+        while not ready.exists():
+            if proc.poll() is not None:
+                raise RuntimeError(f"hydrator mount exited {proc.status} before READY")
+            if time.monotonic() > deadline:
+                raise RuntimeError("no READY within the deadline")
+            time.sleep(0.005)
+        return time.monotonic()
+
+    # ------------------------------------------------------------ the runs
+
+    def lazy(self, shape, rnd):
+        """Mount, the trainer at once; READY watched meanwhile."""
+        self.clean()
+        mode = "rand" if shape.random else "seq"
+        t0 = time.monotonic()
+        proc, mounted = self.mount(shape, f"lazy-r{rnd}")
+        ready_at = {}
+
+        def watch():
+            try:
+                ready_at["t"] = self.wait_ready(proc)
+            except Exception as e:  # noqa: BLE001
+                ready_at["error"] = e
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        first, everything, nbytes = trainer(self.mountpoint, shape, mode, t0)
+        watcher.join()
+        if "error" in ready_at:
+            raise ready_at["error"]
+        proc = self.unmount()
+        return dict(mount=mounted - proc.start, first=first, all=everything,
+                    ready=ready_at["t"] - proc.start, cpu=proc.cpu, exit=proc.status,
+                    bytes=nbytes)
+
+    def idle(self, shape, rnd):
+        """Mount with no reader until READY; then the hydrated read passes (mount vs plain)."""
+        self.clean()
+        proc, _ = self.mount(shape, f"idle-r{rnd}")
+        ready = self.wait_ready(proc) - proc.start
+        cpu = proc.cpu_now()
+        passes = {}
+        order = ["mount", "plain"] if rnd % 2 else ["plain", "mount"]
+        for mode in ("seq", "rand"):
+            for where in order:
+                root = self.mountpoint if where == "mount" else self.cache
+                drop_caches()
+                _, wall, nbytes = trainer(root, shape, mode)
+                passes[(mode, where)] = (wall, nbytes)
+                log(f"  {shape.key} hydrated {mode} {where}: {wall:.3f} s, "
+                    f"{nbytes / wall / MiB:.1f} MiB/s")
+        proc = self.unmount()
+        return dict(ready=ready, cpu=cpu, passes=passes, exit=proc.status)
+
+    def eager(self, shape, rnd):
+        self.clean()
+        mode = "rand" if shape.random else "seq"
+        cmd = [self.hydrator, "sync", self.source(shape), str(self.dest), "--endpoint-url",
+               self.endpoint, "--progress", "none"]
+        if self.args.concurrency:
+            cmd += ["--concurrency", self.args.concurrency]
+        proc = Proc(cmd, self.env, self.logs / f"{shape.key}-eager-r{rnd}.log")
+        proc.wait()
+        if proc.status != 0 or not (self.dest / ".hydrator" / "READY").exists():
+            raise RuntimeError(f"hydrator sync exited {proc.status}; see {proc.log.name}")
+        sync_wall = proc.end - proc.start
+        first, everything, _ = trainer(self.dest, shape, mode, proc.start)
+        return dict(sync=sync_wall, first=first, all=everything, cpu=proc.cpu)
+
+
+# ---------------------------------------------------------------- main
+
+
+def med(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def fmt(v, unit="s"):
+    if v is None:
+        return "—"
+    return f"{v:.3f} {unit}" if unit else f"{v:.3f}"
+
+
+def check(ratio, target, op):
+    if ratio is None:
+        return "—"
+    ok = ratio <= target if op == "<=" else ratio >= target
+    return "met" if ok else "**missed**"
+
+
+def summarize(shape, runs):
+    lz, idle, eg = runs["lazy"], runs["idle"], runs["eager"]
+    m = {}
+    m["mount"] = med(r["mount"] for r in lz)
+    m["lazy_first"] = med(r["first"] for r in lz)
+    m["eager_first"] = med(r["first"] for r in eg)
+    m["lazy_all"] = med(r["all"] for r in lz)
+    m["eager_sync"] = med(r["sync"] for r in eg)
+    m["eager_all"] = med(r["all"] for r in eg)
+    m["ratio_all"] = med(a["all"] / b["sync"] for a, b in zip(lz, eg))
+    for mode in ("seq", "rand"):
+        for where in ("mount", "plain"):
+            m[f"{mode}_{where}"] = med(r["passes"][(mode, where)][1] / r["passes"][(mode, where)][0]
+                                       / MiB for r in idle)
+        m[f"ratio_{mode}"] = med(
+            (r["passes"][(mode, "mount")][1] / r["passes"][(mode, "mount")][0])
+            / (r["passes"][(mode, "plain")][1] / r["passes"][(mode, "plain")][0]) for r in idle)
+    m["ready_reader"] = med(r["ready"] for r in lz)
+    m["ready_idle"] = med(r["ready"] for r in idle)
+    m["ratio_ready"] = med(a["ready"] / b["ready"] for a, b in zip(lz, idle))
+    m["cpu_mount_idle"] = med(r["cpu"] for r in idle)
+    m["cpu_mount_reader"] = med(r["cpu"] for r in lz)
+    m["cpu_sync"] = med(r["cpu"] for r in eg)
+    m["rounds"] = len(lz)
+    return m
+
+
+def table(shape, m):
+    seq_unit = "4 KiB preads" if shape.random else "1 MiB reads"
+    rows = [
+        "| figure | lazy (mount) | eager (sync) | ratio | target |",
+        "|---|---|---|---|---|",
+        f"| 1. time to first batch (lazy: mount start → first file read; mount itself "
+        f"{fmt(m['mount'])}) | {fmt(m['lazy_first'])} | {fmt(m['eager_first'])} "
+        f"| {fmt(m['lazy_first'] / m['eager_first'], '')} | (lower is better) |",
+        f"| 2. time to read everything once (eager: sync alone; sync + reading DEST = "
+        f"{fmt(m['eager_all'])}) | {fmt(m['lazy_all'])} | {fmt(m['eager_sync'])} "
+        f"| {fmt(m['ratio_all'], '')} | ≤ 1.1 ({check(m['ratio_all'], 1.1, '<=')}) |",
+        f"| 3a. hydrated read, sequential 1 MiB reads (mount vs plain cache dir, MiB/s) "
+        f"| {fmt(m['seq_mount'], '')} | {fmt(m['seq_plain'], '')} | {fmt(m['ratio_seq'], '')} "
+        f"| ≥ 0.95 ({check(m['ratio_seq'], 0.95, '>=')}) |",
+        f"| 3b. hydrated read, random 4 KiB preads (mount vs plain, MiB/s) "
+        f"| {fmt(m['rand_mount'], '')} | {fmt(m['rand_plain'], '')} | {fmt(m['ratio_rand'], '')} "
+        f"| ≥ 0.95 ({check(m['ratio_rand'], 0.95, '>=')}) |",
+        f"| 4. hydration wall (mount start → READY): with trainer vs no reader "
+        f"| {fmt(m['ready_reader'])} | {fmt(m['ready_idle'])} (no reader) "
+        f"| {fmt(m['ratio_ready'], '')} | ≤ 1.15 ({check(m['ratio_ready'], 1.15, '<=')}) |",
+        f"| client CPU user+sys: mount (no reader, at READY) / mount (trainer, whole life) vs sync "
+        f"| {fmt(m['cpu_mount_idle'])} / {fmt(m['cpu_mount_reader'])} | {fmt(m['cpu_sync'])} "
+        f"| {fmt(m['cpu_mount_idle'] / m['cpu_sync'], '') if m['cpu_sync'] else '—'} | — |",
+    ]
+    del seq_unit
+    return "\n".join(rows)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--origin", action="store_true", help="benches/origin.rs (default)")
+    parser.add_argument("--garage", action="store_true", help="not implemented yet")
+    parser.add_argument("--shapes", default="A,B,C")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--scale", choices=["full", "small"], default="full")
+    parser.add_argument("--concurrency", default=None)
+    parser.add_argument("--work", default="/var/tmp/hydrator-lazy-bench")
+    parser.add_argument("--hydrator-bin", default=None)
+    parser.add_argument("--origin-bin", default=None)
+    parser.add_argument("--output", default=str(BENCHES / "RESULTS-lazy.md"))
+    parser.add_argument("--note", action="append", default=[],
+                        help="a line added to the results file (e.g. what was not run)")
+    args = parser.parse_args()
+    if args.garage:
+        sys.exit("--garage is not implemented in lazy.py yet; run --origin")
+    if os.geteuid() != 0:
+        sys.exit("run as root (drop_caches, FUSE)")
+    shapes = [Shape(k.strip(), args.scale) for k in args.shapes.split(",")]
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+
+    hydrator_src = args.hydrator_bin
+    if not hydrator_src:
+        log("building hydrator (release)")
+        compare.sh(["cargo", "build", "--release", "--locked", "--bin", "hydrator"], cwd=REPO)
+        hydrator_src = str(REPO / "target/release/hydrator")
+    hydrator = str(work / "hydrator")
+    shutil.copy2(hydrator_src, hydrator)
+    version = subprocess.run([hydrator, "--version"], capture_output=True,
+                             text=True).stdout.strip()
+
+    if args.origin_bin:
+        origin = compare.Origin.__new__(compare.Origin)
+        sets = []
+        for s in shapes:
+            sets += ["--set", f"{s.prefix}={s.count}x{s.size}"]
+        origin.process = subprocess.Popen([args.origin_bin] + sets, stdout=subprocess.PIPE,
+                                          text=True)
+        origin.endpoint = origin.process.stdout.readline().strip()
+        if not origin.endpoint.startswith("http://"):
+            sys.exit(f"the origin did not start: {origin.endpoint!r}")
+    else:
+        origin = compare.Origin(shapes)
+    bench = Bench(args, origin.endpoint, hydrator, work)
+    results = {}
+    started = datetime.datetime.now(datetime.timezone.utc)
+    try:
+        for shape in shapes:
+            runs = {"lazy": [], "idle": [], "eager": []}
+            for rnd in range(args.rounds):
+                # Alternate which kind goes first.
+                kinds = ["lazy", "idle", "eager"] if rnd % 2 == 0 else ["eager", "idle", "lazy"]
+                for kind in kinds:
+                    log(f"{shape.key} round {rnd + 1}/{args.rounds}: {kind}")
+                    r = getattr(bench, kind)(shape, rnd)
+                    log(f"  {shape.key} {kind}: " + ", ".join(
+                        f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
+                        for k, v in r.items() if k != "passes"))
+                    runs[kind].append(r)
+            results[shape.key] = (shape, summarize(shape, runs), runs)
+            print(f"\n## {shape.key}: {shape.title}\n\n{table(shape, results[shape.key][1])}\n",
+                  flush=True)
+    finally:
+        bench.unmount()
+        origin.stop()
+
+    cpu = "unknown"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    scale = ("full (as specified)" if args.scale == "full" else
+             "small: counts/sizes scaled down for this 2-core machine")
+    out = [
+        "# Lazy (`hydrator mount`) vs eager (`hydrator sync`): a trainer's view",
+        "",
+        f"- date: {started:%Y-%m-%d %H:%M} UTC",
+        f"- CPU: {cpu}, {os.cpu_count()} cores; kernel {os.uname().release}",
+        f"- hydrator: {version}",
+        "- server: benches/origin.rs (in-memory, near-free S3 origin) on loopback",
+        f"- command: `python3 benches/lazy.py {' '.join(sys.argv[1:])}`",
+        f"- scale: {scale}; rounds: {args.rounds}; medians reported",
+        f"- cache / DEST: plain directories under {work} (same filesystem), removed between runs",
+        f"- trainer: K={K} threads, shuffled order (random.Random(1)), 1 MiB reads "
+        "(shape C: random 4 KiB preads, one per 16 pages)",
+        "",
+    ]
+    out += [f"- note: {n}" for n in args.note]
+    out.append("\n## origin\n")
+    for key, (shape, m, _) in results.items():
+        out += [f"### {key}: {shape.title} ({human(shape.total)}, {m['rounds']} rounds)", "",
+                table(shape, m), ""]
+    Path(args.output).write_text("\n".join(out) + "\n")
+    log(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
