@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::adaptive::RequestSlots;
 use super::checkpoint::Checkpoints;
+use super::schedule::Schedule;
 use super::stats::Stats;
 use crate::manifest::Manifest;
 use crate::source::object_source::ObjectSource;
@@ -38,4 +39,6 @@ pub(super) struct WriteCtx {
     pub committer: Committer,
     pub manifest: Arc<Manifest>,
     pub checkpoints: Arc<Checkpoints>,
+    /// A lazy view's schedule: a file a reader waits for is published on its own, at once.
+    pub schedule: Option<Arc<Schedule>>,
 }

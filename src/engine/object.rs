@@ -68,11 +68,14 @@ pub(crate) async fn mirror_object(
         match download(&ctx, object.clone(), &rel, modified).await {
             Ok(hash) => {
                 drop(slot);
-                ctx.write
-                    .committer
-                    .publish(rel.clone(), entry.key.clone(), object.etag.clone(), hash)
-                    .await
-                    .local("publishing", &rel)?;
+                let (key, etag) = (entry.key.clone(), object.etag.clone());
+                let committer = &ctx.write.committer;
+                let wanted = ctx.write.schedule.as_ref();
+                match wanted.is_some_and(|schedule| schedule.is_wanted(&entry.key)) {
+                    true => committer.publish_now(rel.clone(), key, etag, hash).await,
+                    false => committer.publish(rel.clone(), key, etag, hash).await,
+                }
+                .local("publishing", &rel)?;
                 return Ok(record(
                     object.size,
                     *hash.as_bytes(),

@@ -268,6 +268,7 @@ async fn prepare(
             committer,
             manifest,
             checkpoints,
+            schedule: hooks.schedule.clone(),
         },
     });
     let listing = match (hooks.listing, &cfg.snapshot) {

@@ -205,6 +205,13 @@ impl Schedule {
         }
     }
 
+    /// Whether a reader waits for `key` now.
+    pub(crate) fn is_wanted(&self, key: &str) -> bool {
+        self.positions
+            .get(key)
+            .is_some_and(|at| self.lock().waiters.get(at).is_some_and(|w| !w.is_empty()))
+    }
+
     /// A reader wants `key`: local now, failed, or fetched next (the files after it following).
     pub(crate) fn want(&self, key: &str) -> Wanted {
         let Some(&at) = self.positions.get(key) else {

@@ -7,6 +7,11 @@
 //! so small files do not pay one journal commit each, while a file still appears under its
 //! final name only once it is whole, hashed and on disk. The manifest's `Complete` records of
 //! a batch are written and synced after the second `syncfs`.
+//!
+//! A file a lazy view's reader waits for skips the batch ([`Committer::publish_now`]): its own
+//! `fdatasync`, rename and directory `fsync`s. A batch's `syncfs` flushes every file being
+//! written at that moment, which made an opened 8 MiB file wait 0.74 s for two of them (strace,
+//! 64 × 8 MiB from the origin) while its download took a few tens of milliseconds.
 
 use std::io;
 use std::sync::Arc;
@@ -15,7 +20,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 use super::dest::{self, Dest, Syncer};
-use crate::fs::FileStat;
+use crate::fs::{FileStat, OFlags};
 use crate::manifest::{Completed, Manifest};
 use crate::plan::keys::RelPath;
 
@@ -39,6 +44,8 @@ struct Job {
 #[derive(Clone)]
 pub(crate) struct Committer {
     tx: mpsc::Sender<Job>,
+    dest: Arc<Dest>,
+    manifest: Arc<Manifest>,
 }
 
 impl Committer {
@@ -46,8 +53,34 @@ impl Committer {
     pub(crate) fn start(dest: Arc<Dest>, manifest: Arc<Manifest>) -> io::Result<Self> {
         let syncer = Arc::new(dest.syncer()?);
         let (tx, rx) = mpsc::channel(BATCH_FILES);
-        tokio::spawn(run(dest, syncer, manifest, rx));
-        Ok(Self { tx })
+        tokio::spawn(run(dest.clone(), syncer, manifest.clone(), rx));
+        Ok(Self { tx, dest, manifest })
+    }
+
+    /// As [`publish`](Self::publish), for a file a reader waits for: made durable on its own
+    /// (its data, its rename, the directories up to DEST) instead of in the next batch, whose
+    /// `syncfs` would also wait for every other file being written at that moment.
+    pub(crate) async fn publish_now(
+        &self,
+        rel: RelPath,
+        key: String,
+        etag: String,
+        hash: blake3::Hash,
+    ) -> io::Result<()> {
+        let (dest, manifest) = (self.dest.clone(), self.manifest.clone());
+        let job = move || {
+            let stat = publish_alone(&dest, &rel)?;
+            let completed = Completed {
+                blake3: *hash.as_bytes(),
+                inode: stat.inode,
+                mtime_ns: stat.mtime_ns,
+            };
+            manifest.complete(&key, &etag, completed)?;
+            manifest.sync()
+        };
+        tokio::task::spawn_blocking(job)
+            .await
+            .map_err(io::Error::other)?
     }
 
     /// Publishes `rel`'s partial file (object `key` at `etag`, hashing to `hash`) under its
@@ -135,6 +168,25 @@ fn commit_batch(dest: &Dest, syncer: &Syncer, manifest: &Manifest, batch: Vec<Jo
             Err(err) => Err(io::Error::new(err.kind(), err.to_string())),
         });
     }
+}
+
+/// Makes `rel`'s partial file durable, renames it and makes the rename durable, with the entries
+/// of every directory from DEST down to it.
+fn publish_alone(dest: &Dest, rel: &RelPath) -> io::Result<FileStat> {
+    let mut dir = dest.root().try_clone()?;
+    let mut dirs = Vec::new();
+    for segment in rel.parents() {
+        let next = dir.open_dir(segment)?;
+        dirs.push(std::mem::replace(&mut dir, next));
+    }
+    dir.open_file(rel.partial_name(), OFlags::RDONLY)?
+        .sync_data()?;
+    let stat = publish_one(dest, rel)?;
+    dir.sync()?;
+    for ancestor in dirs.iter().rev() {
+        ancestor.sync()?;
+    }
+    Ok(stat)
 }
 
 /// Renames `rel`'s partial file to its final name and returns what is now there; on failure
