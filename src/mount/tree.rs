@@ -11,7 +11,8 @@ use std::time::SystemTime;
 use crate::plan::keys::RelPath;
 use crate::source::list::ObjectEntry;
 
-pub(crate) const ROOT: u64 = 1;
+/// The root's inode number, as the kernel knows it.
+pub(crate) const ROOT: u64 = fuser::INodeNo::ROOT.0;
 
 pub(crate) enum Kind {
     Dir { entries: Vec<(String, u64)> },

@@ -243,16 +243,13 @@ impl Filesystem for LazyView {
             Wanted::Later(told) => {
                 let shared = shared.clone();
                 shared.runtime.clone().spawn(async move {
-                    match told.await {
-                        Ok(Ok(())) => shared.open_local(ino.0, reply),
-                        Ok(Err(reason)) => {
-                            let file = shared.file(ino.0).expect("a file's inode");
-                            shared.fail(file, &reason, reply)
-                        }
-                        Err(_) => {
-                            let file = shared.file(ino.0).expect("a file's inode");
-                            shared.fail(file, "the mount is stopping", reply)
-                        }
+                    let outcome = told
+                        .await
+                        .unwrap_or_else(|_| Err("the mount is stopping".into()));
+                    match (outcome, shared.file(ino.0)) {
+                        (Ok(()), _) => shared.open_local(ino.0, reply),
+                        (Err(reason), Some(file)) => shared.fail(file, &reason, reply),
+                        (Err(_), None) => reply.error(Errno::EIO),
                     }
                 });
             }
@@ -385,13 +382,5 @@ impl Filesystem for LazyView {
         let blocks = tree.bytes().div_ceil(4096);
         let files = tree.files() as u64;
         reply.statfs(blocks, 0, 0, files, 0, 4096, 255, 4096);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_root_is_the_first_inode() {
-        assert_eq!(super::super::tree::ROOT, fuser::INodeNo::ROOT.0);
     }
 }
