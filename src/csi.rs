@@ -16,6 +16,7 @@ pub mod proto {
     tonic::include_proto!("csi.v1");
 }
 
+mod lazy;
 mod mount;
 mod plugin;
 mod service;

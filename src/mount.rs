@@ -13,7 +13,7 @@
 //! (`fusermount3 -u`, `umount`) ends the process the same way.
 
 pub(crate) mod tree;
-mod view;
+pub(crate) mod view;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -29,7 +29,6 @@ use crate::engine::schedule::Schedule;
 use crate::engine::{self, rate::Rates, Budget, Hooks, Outcome};
 use crate::error::{Exit, IoContext, LocalError, SyncError, UsageError};
 use crate::plan::filter::KeyFilter;
-use crate::plan::keys::{plan_key, KeyPlan};
 use crate::source::list::{self, ObjectEntry};
 use crate::source::object_source::ObjectSource;
 use crate::source::s3::S3Source;
@@ -68,15 +67,16 @@ pub(crate) async fn run(args: MountArgs) -> Result<Exit, SyncError> {
     let dest = Dest::open(&cfg.dest).local("opening", &cfg.dest)?;
     let (files, bytes) = (tree.files(), tree.bytes());
     let view = view::LazyView::new(Arc::new(tree), schedule.clone(), dest, passthrough);
-    let (mut unmounter, mut session_ended) = match mount(view, &mountpoint, &cfg, allow_other).await
-    {
-        Ok(mounted) => mounted,
-        Err(err) => {
-            stop.send_replace(true);
-            let _ = engine.await;
-            return Err(err);
-        }
-    };
+    let fsname = format!("hydrator:{}", cfg.source);
+    let (mut unmounter, mut session_ended) =
+        match serve(view, &mountpoint, fsname, allow_other).await {
+            Ok(mounted) => mounted,
+            Err(err) => {
+                stop.send_replace(true);
+                let _ = engine.await;
+                return Err(err.into());
+            }
+        };
     crate::note!(
         Level::Info,
         "mounted {} at {}: {files} files, {}; hydrating into {}",
@@ -158,34 +158,20 @@ async fn list_all(
     Ok(listed)
 }
 
-/// The view's tree, and the keys the engine will fetch in listing order: the files `sync`
-/// would write, by the same path rules and filters (a hostile key is in neither).
+/// The view's tree, and the keys the engine will fetch in listing order.
 fn plan_view(
     cfg: &SyncConfig,
     listed: &[ObjectEntry],
 ) -> Result<(tree::Tree, Vec<String>), SyncError> {
     let filter = KeyFilter::new(&cfg.include, &cfg.exclude)?;
-    let files: Vec<_> = listed
-        .iter()
-        .filter_map(
-            |entry| match plan_key(&cfg.source.prefix, &entry.key, entry.size) {
-                KeyPlan::File(rel) if filter.accepts(rel.as_str()) => Some((entry.clone(), rel)),
-                _ => None,
-            },
-        )
-        .collect();
-    if files.is_empty() && !cfg.allow_empty {
+    let (tree, keys) = tree::Tree::of_listing(&cfg.source.prefix, &filter, listed);
+    if tree.files() == 0 && !cfg.allow_empty {
         return Err(UsageError::new(format!(
             "{} lists {} objects and none is a file to mount (give --allow-empty to mount an empty view)",
             cfg.source,
             listed.len()
         ))
         .into());
-    }
-    let keys = files.iter().map(|(entry, _)| entry.key.clone()).collect();
-    let (tree, collisions) = tree::Tree::build(files);
-    for key in collisions {
-        tracing::warn!(key = %key, "not in the view: its path collides with another file or directory");
     }
     Ok((tree, keys))
 }
@@ -203,18 +189,19 @@ fn feed(listed: Vec<ObjectEntry>) -> engine::Listing {
     rx
 }
 
-type Mounted = (fuser::SessionUnmounter, oneshot::Receiver<()>);
+pub(crate) type Mounted = (fuser::SessionUnmounter, oneshot::Receiver<()>);
 
-/// Mounts `view` and serves it on a thread of its own; the receiver fires when the session ends.
-async fn mount(
+/// Mounts `view` read-only at `mountpoint` and serves it on a thread of its own; the receiver
+/// fires when the session ends (unmounted).
+pub(crate) async fn serve(
     view: view::LazyView,
     mountpoint: &Path,
-    cfg: &SyncConfig,
+    fsname: String,
     allow_other: bool,
-) -> Result<Mounted, SyncError> {
+) -> Result<Mounted, LocalError> {
     let mut config = fuser::Config::default();
     config.mount_options = vec![
-        MountOption::FSName(format!("hydrator:{}", cfg.source)),
+        MountOption::FSName(fsname),
         MountOption::Subtype("hydrator".into()),
         MountOption::RO,
         MountOption::NoDev,

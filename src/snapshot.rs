@@ -43,6 +43,20 @@ pub(crate) struct Snapshot {
     pub entries: Vec<SnapshotEntry>,
 }
 
+impl From<&SnapshotEntry> for ObjectEntry {
+    fn from(e: &SnapshotEntry) -> Self {
+        ObjectEntry {
+            key: e.key.clone(),
+            size: e.size,
+            etag: e.etag.clone(),
+            last_modified: e
+                .last_modified_ns
+                .map(|ns| SystemTime::UNIX_EPOCH + Duration::from_nanos(ns)),
+            version_id: e.version_id.clone(),
+        }
+    }
+}
+
 impl Snapshot {
     pub(crate) fn url(&self) -> S3Url {
         S3Url {
@@ -159,17 +173,8 @@ pub(crate) fn spawn_entries(
 ) -> mpsc::Receiver<Result<ObjectEntry, SyncError>> {
     let (tx, rx) = mpsc::channel(list::LISTING_QUEUE);
     tokio::spawn(async move {
-        for e in &snapshot.entries {
-            let entry = ObjectEntry {
-                key: e.key.clone(),
-                size: e.size,
-                etag: e.etag.clone(),
-                last_modified: e
-                    .last_modified_ns
-                    .map(|ns| SystemTime::UNIX_EPOCH + Duration::from_nanos(ns)),
-                version_id: e.version_id.clone(),
-            };
-            if tx.send(Ok(entry)).await.is_err() {
+        for entry in &snapshot.entries {
+            if tx.send(Ok(entry.into())).await.is_err() {
                 return;
             }
         }

@@ -48,7 +48,11 @@ pub(crate) fn mounted(path: &Path) -> io::Result<Mounted> {
     let path = match std::fs::canonicalize(path) {
         Ok(path) => path,
         Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(Mounted::No),
-        Err(err) => return Err(err),
+        // A lazy view whose server is gone answers ENOTCONN: its parent names it.
+        Err(err) => match (path.parent(), path.file_name()) {
+            (Some(parent), Some(name)) => std::fs::canonicalize(parent)?.join(name),
+            _ => return Err(err),
+        },
     };
     let table = std::fs::read_to_string("/proc/self/mountinfo")?;
     let wanted = path.to_string_lossy();

@@ -6,6 +6,10 @@
 //!   that runs, answers `UNAVAILABLE` with the progress, which the kubelet shows in the pod's
 //!   events and retries with back-off. The pod stays `ContainerCreating` until the data is
 //!   ready, as it would behind an init container, and no CSI call outlives its deadline.
+//! - Unless the volume (attribute `start: lazy`) or the catalog (`start = "lazy"`) asks for a
+//!   lazy start: once the daemon has listed the dataset, the publish mounts a lazy view of the
+//!   snapshot being hydrated ([`super::lazy`]) and the pod starts at once. A pod that comes
+//!   after the snapshot is ready gets the plain bind mount.
 //! - The lease is held until unpublish (`until_released`), by `POD_UID:VOLUME_ID`, on the exact
 //!   snapshot that is mounted, so eviction never removes data a pod has mounted and a newer
 //!   version of the dataset never changes files under it.
@@ -22,15 +26,18 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use hyper::{Method, StatusCode};
 use tokio::sync::OwnedMutexGuard;
 use tonic::Status;
 
+use super::lazy;
 use super::mount::{self, Mounted};
 use super::proto::{volume_capability::AccessType, NodePublishVolumeRequest};
 use super::volumes::{self, Volume, Volumes};
+use crate::daemon::catalog::Start;
 use crate::daemon::protocol::{DatasetStatus, Lease, LeaseRequest, State, UNTIL_RELEASED};
 use crate::daemon_client::{explain, percent_encode, CallError, Client};
 use crate::units::human_bytes;
@@ -39,16 +46,27 @@ use crate::units::human_bytes;
 pub(crate) const DATASET_ATTRIBUTE: &str = "dataset";
 /// The optional volume attribute naming a snapshot digest to mount instead of the current one.
 pub(crate) const SNAPSHOT_ATTRIBUTE: &str = "snapshot";
+/// The optional volume attribute saying when the pod may start: `ready` or `lazy`.
+pub(crate) const START_ATTRIBUTE: &str = "start";
 const POD_UID_ATTRIBUTE: &str = "csi.storage.k8s.io/pod.uid";
 const EPHEMERAL_ATTRIBUTE: &str = "csi.storage.k8s.io/ephemeral";
 
 pub(crate) struct Plugin {
-    client: Client,
+    client: Arc<Client>,
     volumes: Volumes,
     /// The kubelet's pods directory: every target lies under it.
     pods_dir: PathBuf,
     /// One lock per volume id seen in this process's life: calls for a volume take turns.
     turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Whether the lazy views left by a previous life were looked for.
+    found_dead_views: AtomicBool,
+}
+
+/// The snapshot a publish serves, and whether as a lazy view (it is still hydrating).
+struct Served {
+    snapshot: String,
+    dir: PathBuf,
+    lazy: bool,
 }
 
 /// What a publish request asks for, checked.
@@ -56,6 +74,7 @@ struct Ask {
     id: String,
     dataset: String,
     snapshot: Option<String>,
+    start: Option<Start>,
     holder: String,
     target: PathBuf,
 }
@@ -114,10 +133,21 @@ impl Ask {
                 "no {POD_UID_ATTRIBUTE}: the CSIDriver object needs podInfoOnMount: true"
             ));
         };
+        let start = match context.get(START_ATTRIBUTE).map(String::as_str) {
+            None => None,
+            Some("ready") => Some(Start::Ready),
+            Some("lazy") => Some(Start::Lazy),
+            Some(other) => {
+                return invalid(format!(
+                    "{START_ATTRIBUTE} {other:?} is neither \"ready\" nor \"lazy\""
+                ))
+            }
+        };
         Ok(Self {
             id: request.volume_id.clone(),
             dataset: dataset.clone(),
             snapshot: context.get(SNAPSHOT_ATTRIBUTE).cloned(),
+            start,
             holder: format!("{pod}:{}", request.volume_id),
             target,
         })
@@ -127,10 +157,11 @@ impl Ask {
 impl Plugin {
     pub(crate) fn new(client: Client, volumes: Volumes, pods_dir: PathBuf) -> Self {
         Self {
-            client,
+            client: Arc::new(client),
             volumes,
             pods_dir,
             turns: Mutex::default(),
+            found_dead_views: AtomicBool::new(false),
         }
     }
 
@@ -173,10 +204,11 @@ impl Plugin {
                 Mounted::No => {}
             }
         }
-        let (current, current_dir) = self.ready(&ask.dataset).await?;
-        let snapshot = ask.snapshot.clone().unwrap_or(current);
-        let dir = snapshot_dir(&current_dir, &snapshot)?;
+        let served = self.served(&ask.dataset, ask.start).await?;
+        let snapshot = ask.snapshot.clone().unwrap_or(served.snapshot.clone());
+        let dir = snapshot_dir(&served.dir, &snapshot)?;
         let volume = Volume {
+            lazy: served.lazy && snapshot == served.snapshot,
             id: ask.id,
             dataset: ask.dataset,
             snapshot,
@@ -185,16 +217,34 @@ impl Plugin {
         };
         self.volumes.write(&volume).map_err(local)?;
         self.lease(&volume).await?;
-        mount::bind_read_only(&dir, &volume.target).map_err(|err| {
+        let mounted = match volume.lazy {
+            true => {
+                let client = self.client.clone();
+                lazy::publish(
+                    client,
+                    &volume.dataset,
+                    &volume.snapshot,
+                    &dir,
+                    &volume.target,
+                )
+                .await
+            }
+            false => mount::bind_read_only(&dir, &volume.target),
+        };
+        mounted.map_err(|err| {
             Status::internal(format!(
                 "mounting {} on {}: {err}",
                 dir.display(),
                 volume.target.display()
             ))
         })?;
+        let how = match volume.lazy {
+            true => "as a lazy view while it hydrates",
+            false => "read-only",
+        };
         tracing::info!(
             volume = %volume.id,
-            "published {} snapshot {} read-only at {}",
+            "published {} snapshot {} {how} at {}",
             volume.dataset,
             volume.snapshot,
             volume.target.display()
@@ -251,6 +301,7 @@ impl Plugin {
         if recorded.is_empty() {
             return;
         }
+        self.report_dead_views(&recorded);
         let held = match self.held_leases().await {
             Ok(held) => held,
             Err(status) => return tracing::warn!("reconciling: {}", status.message()),
@@ -278,6 +329,24 @@ impl Plugin {
         }
     }
 
+    /// Once per life: the lazy views published by a previous life of the plugin are mounted
+    /// but served by no one (their reads fail with ENOTCONN); says which.
+    fn report_dead_views(&self, recorded: &[Volume]) {
+        if self.found_dead_views.swap(true, Relaxed) {
+            return;
+        }
+        for volume in recorded.iter().filter(|v| v.lazy) {
+            if !matches!(mount::mounted(&volume.target), Ok(Mounted::No)) {
+                tracing::error!(
+                    volume = %volume.id,
+                    "the lazy view of {} at {} ended with the plugin's previous run: its pod's reads fail (ENOTCONN) until the pod is restarted",
+                    volume.dataset,
+                    volume.target.display()
+                );
+            }
+        }
+    }
+
     /// The holders of the leases held until released, across datasets.
     async fn held_leases(&self) -> Result<BTreeSet<String>, Status> {
         let (code, body) = self
@@ -297,10 +366,10 @@ impl Plugin {
             .collect())
     }
 
-    /// The snapshot (digest and directory) to serve of `dataset`: its ready one, or the one
-    /// held while a refresh runs. While the node has none, a retryable error with the progress
-    /// (what the pod's events show).
-    async fn ready(&self, dataset: &str) -> Result<(String, PathBuf), Status> {
+    /// The snapshot to serve of `dataset`: its ready one, or the one held while a refresh
+    /// runs, or (a lazy start) the one being hydrated once it is listed. While the node has
+    /// none of these, a retryable error with the progress (what the pod's events show).
+    async fn served(&self, dataset: &str, start: Option<Start>) -> Result<Served, Status> {
         let path = format!("/v1/datasets/{}/warm", percent_encode(dataset));
         let (code, body) = self
             .client
@@ -319,13 +388,28 @@ impl Plugin {
             State::Ready => status.snapshot.clone().zip(status.path.clone()),
             _ => status.held_snapshot.clone().zip(status.held_path.clone()),
         };
-        match (served, status.state) {
-            (Some((snapshot, dir)), _) => Ok((snapshot, PathBuf::from(dir))),
-            (None, State::Failed) => Err(Status::unavailable(format!(
+        let lazy = start.unwrap_or(match status.lazy {
+            true => Start::Lazy,
+            false => Start::Ready,
+        }) == Start::Lazy;
+        let partial = (status.snapshot.clone().zip(status.partial_path.clone()))
+            .filter(|_| lazy && status.state == State::Hydrating);
+        match (served, partial, status.state) {
+            (Some((snapshot, dir)), ..) => Ok(Served {
+                snapshot,
+                dir: PathBuf::from(dir),
+                lazy: false,
+            }),
+            (None, Some((snapshot, dir)), _) => Ok(Served {
+                snapshot,
+                dir: PathBuf::from(dir),
+                lazy: true,
+            }),
+            (None, None, State::Failed) => Err(Status::unavailable(format!(
                 "the daemon could not hydrate {dataset}: {}",
                 status.reason.as_deref().unwrap_or("no reason given")
             ))),
-            (None, _) => Err(Status::unavailable(hydrating(dataset, &status))),
+            (None, None, _) => Err(Status::unavailable(hydrating(dataset, &status))),
         }
     }
 

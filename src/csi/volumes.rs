@@ -19,6 +19,10 @@ pub(crate) struct Volume {
     /// The daemon lease that pins the snapshot: `POD_UID:VOLUME_ID`.
     pub holder: String,
     pub target: PathBuf,
+    /// Published as a lazy view served by this plugin (the dataset was hydrating), not as a
+    /// bind mount.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lazy: bool,
 }
 
 pub(crate) struct Volumes {
@@ -99,6 +103,7 @@ mod tests {
             snapshot: "ab".repeat(32),
             holder: "pod:csi-0123abcd".into(),
             target: "/var/lib/kubelet/pods/p/volumes/v/mount".into(),
+            lazy: true,
         };
         volumes.write(&volume).unwrap();
         assert_eq!(volumes.read(&volume.id).unwrap(), Some(volume.clone()));

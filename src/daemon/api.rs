@@ -14,14 +14,16 @@ use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
 use serde::de::DeserializeOwned;
 
-use super::catalog::Dataset;
+use super::catalog::{Dataset, Start};
 use super::flight::{self, Warm};
 use super::identity::{self, Caller};
 use super::protocol::{
-    DatasetStatus, ErrorBody, LeaseRequest, State as DatasetState, WarmRequest, UNTIL_RELEASED,
+    DatasetStatus, ErrorBody, LeaseRequest, State as DatasetState, WantRequest, WarmRequest,
+    UNTIL_RELEASED,
 };
 use super::registry::{self, LeaseAsk, LeaseRefused};
 use super::Daemon;
+use crate::engine::schedule::Wanted;
 
 /// Longest holder id (a pod UID is 36 characters).
 const MAX_HOLDER_LEN: usize = 253;
@@ -36,6 +38,7 @@ pub(crate) fn router(daemon: Arc<Daemon>, require_token: bool) -> Router {
         .route("/v1/datasets", get(list))
         .route("/v1/datasets/{name}", get(status))
         .route("/v1/datasets/{name}/warm", post(warm))
+        .route("/v1/datasets/{name}/want", post(want))
         .route(
             "/v1/datasets/{name}/leases/{holder}",
             put(take_lease).delete(release_lease),
@@ -188,19 +191,88 @@ async fn warm(
     if *daemon.stop.borrow() {
         return error(StatusCode::SERVICE_UNAVAILABLE, "the daemon is stopping");
     }
+    let lazy = dataset.start == Start::Lazy;
     let mut done = match flight::warm(&daemon, &name, &dataset) {
-        Warm::Known(status) => return (warm_code(status.state), Json(status)).into_response(),
+        Warm::Known(mut status) => {
+            status.lazy = lazy;
+            return (warm_code(status.state), Json(status)).into_response();
+        }
         Warm::Hydrating(done) => done,
     };
     if request.wait {
         // A closed channel means the flight's task is gone: its end is in the status.
         let _ = done.wait_for(|ended| *ended).await;
     }
-    let status = daemon.registry().status(&daemon.root, &name);
+    let mut status = daemon.registry().status(&daemon.root, &name);
+    status.lazy = lazy;
     let code = warm_code(status.state);
     let location = HeaderValue::from_str(&format!("/v1/datasets/{name}"))
         .expect("catalog names are valid header values");
     (code, [(header::LOCATION, location)], Json(status)).into_response()
+}
+
+/// How long a want is held before it is answered 202 (ask again): no call outlives a client's
+/// deadline, however large the file.
+const WANT_HOLD: std::time::Duration = std::time::Duration::from_secs(15);
+
+async fn want(
+    State(daemon): Shared,
+    caller: Extension<Caller>,
+    Path(name): Path<String>,
+    bytes: Bytes,
+) -> Response {
+    let request: WantRequest = match body(&bytes) {
+        Ok(request) => request,
+        Err(response) => return *response,
+    };
+    if let Err(response) = check_dataset(&daemon, &caller, &name) {
+        return *response;
+    }
+    let wanted = {
+        let registry = daemon.registry();
+        let entry = registry.datasets.get(&name);
+        let flight = entry
+            .and_then(|e| e.flight.as_ref())
+            .filter(|f| f.info().snapshot.as_deref() == Some(&request.snapshot));
+        match flight.and_then(|f| f.schedule.get()) {
+            Some(schedule) => schedule.want(&request.key),
+            None if entry.is_some_and(|e| e.ready.contains_key(&request.snapshot)) => {
+                Wanted::Now(Ok(()))
+            }
+            None if entry.is_some_and(|e| e.failure.is_some() && e.flight.is_none()) => {
+                let failure = entry.and_then(|e| e.failure.as_ref());
+                let reason = failure.map(ToString::to_string).unwrap_or_default();
+                Wanted::Now(Err(format!("the hydration failed: {reason}").into()))
+            }
+            None => {
+                return error(
+                    StatusCode::CONFLICT,
+                    format!(
+                        "snapshot {} of {name} is neither hydrating nor ready on this node",
+                        request.snapshot
+                    ),
+                )
+            }
+        }
+    };
+    let outcome = match wanted {
+        Wanted::Now(outcome) => outcome,
+        Wanted::Later(told) => match tokio::time::timeout(WANT_HOLD, told).await {
+            Ok(told) => told.unwrap_or_else(|_| Err("the hydration ended".into())),
+            Err(_) => return (StatusCode::ACCEPTED, Json(serde_json::json!({}))).into_response(),
+        },
+    };
+    match outcome {
+        Ok(()) => Json(serde_json::json!({})).into_response(),
+        // Not the object's failure: the next daemon resumes the hydration.
+        Err(_) if *daemon.stop.borrow() => {
+            error(StatusCode::SERVICE_UNAVAILABLE, "the daemon is stopping")
+        }
+        Err(reason) => error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("{}: {reason}", request.key),
+        ),
+    }
 }
 
 /// A warm answer's code: 200 ready (also stale), 500 failed, 202 still hydrating.

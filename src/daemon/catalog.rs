@@ -105,6 +105,19 @@ struct RawDataset {
     no_verify_ssl: bool,
     #[serde(default)]
     allow_empty: bool,
+    #[serde(default)]
+    start: Start,
+}
+
+/// When a pod of the CSI volume may start reading a dataset that is not on the node yet.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Start {
+    /// Once it is complete and verified (the pod waits in `ContainerCreating`).
+    #[default]
+    Ready,
+    /// At once, through a lazy view whose opens wait for their file only.
+    Lazy,
 }
 
 /// The validated catalog.
@@ -186,6 +199,8 @@ pub(crate) struct Dataset {
     /// The pinned snapshot (from the catalog's `snapshot` file): the dataset never moves past it.
     pub pinned: Option<std::sync::Arc<crate::snapshot::Snapshot>>,
     pub prewarm: bool,
+    /// The CSI volume's default when its pod does not say (`start` volume attribute).
+    pub start: Start,
     /// How long a ready copy of an unpinned dataset is handed out before the source is listed
     /// again for a newer version.
     pub refresh: Duration,
@@ -596,6 +611,7 @@ fn dataset(
         allow_empty: raw.allow_empty,
         pinned,
         prewarm: raw.prewarm,
+        start: raw.start,
         refresh: Duration::from_secs(raw.refresh_seconds.unwrap_or(DEFAULT_REFRESH)),
     })
 }
@@ -634,6 +650,7 @@ mod tests {
         access_key_id_env = "KEY"
         secret_access_key_env = "SECRET"
         prewarm = true
+        start = "lazy"
         [datasets.coco]
         source = "s3://datasets/coco/"
     "#;
@@ -651,6 +668,8 @@ mod tests {
             "SECRET-value"
         );
         assert!(imagenet.prewarm);
+        assert_eq!(imagenet.start, Start::Lazy);
+        assert_eq!(catalog.datasets["coco"].start, Start::Ready);
         assert!(catalog.datasets["coco"].credentials.is_none());
         assert_eq!(catalog.datasets["coco"].refresh, Duration::from_secs(60));
     }

@@ -3,7 +3,9 @@
 //! snapshot (or takes the catalog's pinned one), returns at once when that snapshot is already
 //! on disk, otherwise links the unchanged files of the previous snapshot, reserves space for
 //! the rest and runs the sync engine into `ROOT/<name>/<digest>/` under the daemon's shared
-//! request and buffer budget.
+//! request and buffer budget. The engine dispatches by a [`Schedule`], so the opens of lazy
+//! views (`POST .../want`) go first and steer what follows; with none it fetches in listing
+//! order.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -17,8 +19,9 @@ use super::metrics::HydrationResult;
 use super::protocol::{DatasetStatus, Phase};
 use super::registry::{self, Flight, ReadySnapshot};
 use super::Daemon;
-use crate::engine::{self, stats::Stats, Hooks};
+use crate::engine::{self, schedule::Schedule, stats::Stats, Hooks};
 use crate::error::{Exit, IoContext, SyncError};
+use crate::plan::keys::{plan_key, KeyPlan};
 use crate::snapshot::{self, Snapshot};
 use crate::source::client;
 
@@ -99,6 +102,12 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 /// Books the end of a hydration and wakes its waiters.
 fn finish(daemon: &Daemon, name: &str, flight: &Flight, result: Result<Done, HydrationError>) {
     let seconds = flight.started.elapsed().as_secs_f64();
+    if let Some(schedule) = flight.schedule.get() {
+        match &result {
+            Ok(_) => schedule.all_local(),
+            Err(reason) => schedule.close(&format!("the hydration ended: {reason}")),
+        }
+    }
     daemon
         .metrics
         .fetched(Stats::get(&flight.stats.bytes_received));
@@ -238,8 +247,16 @@ async fn hydrate(
     }
     flight.set_phase(Phase::Reserving);
     super::evict::reserve(daemon, flight, snapshot.bytes - linked.bytes).await?;
+    let schedule = flight.schedule.get_or_init(|| {
+        let files = snapshot
+            .entries
+            .iter()
+            .filter(|e| matches!(plan_key(&snapshot.prefix, &e.key, e.size), KeyPlan::File(_)));
+        Arc::new(Schedule::new(files.map(|e| e.key.clone())))
+    });
     flight.set_phase(Phase::Downloading);
     let hooks = Hooks {
+        schedule: Some(schedule.clone()),
         budget: Some(daemon.budget.clone()),
         stats: flight.stats.clone(),
         stop: Some(daemon.stop.subscribe()),

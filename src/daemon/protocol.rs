@@ -100,6 +100,13 @@ pub(crate) struct DatasetStatus {
     /// the snapshot held was completed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refreshed_at: Option<String>,
+    /// While `hydrating`, once listed: the snapshot's directory as it fills. Only a lazy view
+    /// reads it, and only the files the daemon answered as local (`POST .../want`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partial_path: Option<String>,
+    /// The catalog lets pods read the dataset while it hydrates (`start = "lazy"`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lazy: bool,
 }
 
 impl DatasetStatus {
@@ -114,6 +121,7 @@ impl DatasetStatus {
             progress: None,
             held_snapshot: None,
             held_path: None,
+            partial_path: None,
             ..self.clone()
         })
     }
@@ -126,6 +134,18 @@ pub(crate) struct WarmRequest {
     /// Answer only when the hydration has finished (ready or failed).
     #[serde(default)]
     pub wait: bool,
+}
+
+/// `POST /v1/datasets/{name}/want`: a lazy view opens `key` of `snapshot`, which is being
+/// hydrated. Answered 200 once the file is local (written, durable, verified), 202 when it is
+/// still coming (ask again), 409 when the snapshot is neither hydrating nor ready here, 503 when
+/// the daemon stops (ask the next one), 422 when the object cannot be fetched (the reason in
+/// the body).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct WantRequest {
+    pub snapshot: String,
+    pub key: String,
 }
 
 /// `PUT /v1/datasets/{name}/leases/{holder}` (the body is optional).

@@ -100,10 +100,14 @@ pub(crate) fn scan(root: &Path, catalog: &Catalog) -> io::Result<(Registry, Resu
     }
     let now = registry::now_unix();
     for lease in persisted.leases {
+        // A lazy view's lease pins a snapshot still hydrating: it is resumed.
         let held = registry
             .datasets
             .get(&lease.dataset)
-            .is_some_and(|e| e.ready.contains_key(&lease.snapshot));
+            .is_some_and(|e| e.ready.contains_key(&lease.snapshot))
+            || resume
+                .iter()
+                .any(|(name, s)| *name == lease.dataset && s.digest == lease.snapshot);
         if held && lease.expires_at > now {
             registry
                 .leases

@@ -23,6 +23,7 @@ use super::identity::Caller;
 use super::protocol::{DatasetStatus, Lease, Phase, Progress, State};
 use super::space::Usage;
 use crate::engine::retry::Backoff;
+use crate::engine::schedule::Schedule;
 use crate::engine::stats::Stats;
 use crate::fs;
 
@@ -66,6 +67,8 @@ pub(crate) struct Flight {
     pub info: Mutex<FlightInfo>,
     /// Set when it has ended; its outcome is then in the dataset's status.
     pub done: watch::Sender<bool>,
+    /// The order its engine fetches in, set once it downloads: lazy views' opens steer it.
+    pub schedule: std::sync::OnceLock<Arc<Schedule>>,
 }
 
 impl Flight {
@@ -75,6 +78,7 @@ impl Flight {
             started: Instant::now(),
             info: Mutex::default(),
             done: watch::channel(false).0,
+            schedule: std::sync::OnceLock::new(),
         })
     }
 
@@ -232,6 +236,8 @@ impl Registry {
             held_snapshot: None,
             held_path: None,
             refreshed_at: None,
+            partial_path: None,
+            lazy: false,
         };
         let Some(entry) = self.datasets.get(name) else {
             return status;
@@ -239,6 +245,9 @@ impl Registry {
         if let Some(flight) = &entry.flight {
             status.state = State::Hydrating;
             status.snapshot = flight.info().snapshot.clone();
+            status.partial_path = (status.snapshot.as_ref())
+                .filter(|_| flight.schedule.get().is_some())
+                .map(|digest| snapshot_dir(root, name, digest).display().to_string());
             status.progress = Some(flight.progress());
             if let Some(held) = &entry.current {
                 status.held_path = Some(snapshot_dir(root, name, held).display().to_string());
@@ -314,11 +323,16 @@ impl Registry {
             (None, Some(lease)) => lease.snapshot.clone(),
             (None, None) => entry.current.clone().ok_or(LeaseRefused::NotReady)?,
         };
-        let ready = entry
-            .ready
-            .get_mut(&digest)
-            .ok_or_else(|| LeaseRefused::NoSuchSnapshot(digest.clone()))?;
-        ready.last_used = now_unix();
+        let hydrating = entry
+            .flight
+            .as_ref()
+            .is_some_and(|f| f.info().snapshot.as_deref() == Some(&digest));
+        match entry.ready.get_mut(&digest) {
+            Some(ready) => ready.last_used = now_unix(),
+            // A lazy view reads the snapshot while it hydrates: leased like a ready one.
+            None if hydrating => {}
+            None => return Err(LeaseRefused::NoSuchSnapshot(digest)),
+        }
         let lease = Lease {
             dataset: name.to_string(),
             holder: holder.to_string(),
@@ -458,6 +472,28 @@ mod tests {
             cap: 2,
             now: 0,
         }
+    }
+
+    #[test]
+    fn the_snapshot_being_hydrated_may_be_leased_once_listed_and_pins_it() {
+        let mut registry = registry_with_ready();
+        let flight = Flight::new();
+        registry.datasets.get_mut("ds").unwrap().flight = Some(flight.clone());
+        let me = Caller::uid(1000);
+        let lease =
+            |registry: &mut Registry| registry.lease("ds", "pod", Some("new"), 9, &ask(&me));
+        assert_eq!(
+            lease(&mut registry),
+            Err(LeaseRefused::NoSuchSnapshot("new".into())),
+            "not listed yet"
+        );
+        flight.info().snapshot = Some("new".into());
+        assert_eq!(lease(&mut registry).unwrap().snapshot, "new");
+        registry.datasets.get_mut("ds").unwrap().flight = None;
+        assert!(
+            registry.pinned("ds", "new", 1),
+            "leased, even once the flight is over"
+        );
     }
 
     #[test]

@@ -8,7 +8,8 @@
 use std::collections::HashMap;
 use std::time::SystemTime;
 
-use crate::plan::keys::RelPath;
+use crate::plan::filter::KeyFilter;
+use crate::plan::keys::{plan_key, KeyPlan, RelPath};
 use crate::source::list::ObjectEntry;
 
 /// The root's inode number, as the kernel knows it.
@@ -38,6 +39,29 @@ pub(crate) struct Tree {
 }
 
 impl Tree {
+    /// The view of a listing under `prefix`: the files `sync` would write, by the same path
+    /// rules and `filter` (a hostile key is not in it), and their keys in listing order (what
+    /// the engine will fetch). A path that collides with another is logged and left out.
+    pub(crate) fn of_listing(
+        prefix: &str,
+        filter: &KeyFilter,
+        listed: &[ObjectEntry],
+    ) -> (Self, Vec<String>) {
+        let files: Vec<_> = listed
+            .iter()
+            .filter_map(|entry| match plan_key(prefix, &entry.key, entry.size) {
+                KeyPlan::File(rel) if filter.accepts(rel.as_str()) => Some((entry.clone(), rel)),
+                _ => None,
+            })
+            .collect();
+        let keys = files.iter().map(|(entry, _)| entry.key.clone()).collect();
+        let (tree, collisions) = Self::build(files);
+        for key in collisions {
+            tracing::warn!(key = %key, "not in the view: its path collides with another file or directory");
+        }
+        (tree, keys)
+    }
+
     /// The tree of `files` (listed objects and the paths `sync` gives them). A path that
     /// collides with another (a file where a directory is, or the reverse) is left out of the
     /// view and returned; the engine fails it when it writes.

@@ -2,7 +2,8 @@
 //! the engine, and reads that go to the local file.
 //!
 //! Why it is built this way:
-//! - An open of a file that is not local asks the [`Schedule`] for it and is answered from a
+//! - An open of a file that is not local asks for it ([`Wants`]: the engine's schedule, or the
+//!   node daemon that runs the engine) and is answered from a
 //!   tokio task when the engine has written, synced and verified it: the FUSE loop never blocks,
 //!   so `readdir`, `stat` and opens of local files go on meanwhile. A file the engine could not
 //!   fetch fails its open with EIO, so a reader never sees bytes that were not verified.
@@ -32,6 +33,18 @@ use super::tree::{FileNode, Kind, Tree};
 use crate::engine::schedule::{Schedule, Wanted};
 use crate::write::dest::Dest;
 
+/// What an open of a file asks: whether it is local, or when it will be. The engine's
+/// [`Schedule`] answers in `hydrator mount`; the node daemon answers for the CSI plugin.
+pub(crate) trait Wants: Send + Sync + 'static {
+    fn want(&self, file: &FileNode) -> Wanted;
+}
+
+impl Wants for Schedule {
+    fn want(&self, file: &FileNode) -> Wanted {
+        Schedule::want(self, &file.key)
+    }
+}
+
 /// The view never changes while mounted.
 const TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
@@ -43,7 +56,7 @@ pub(crate) struct LazyView {
 
 struct Shared {
     tree: Arc<Tree>,
-    schedule: Arc<Schedule>,
+    wants: Arc<dyn Wants>,
     dest: Dest,
     runtime: tokio::runtime::Handle,
     uid: u32,
@@ -68,7 +81,7 @@ struct Open {
 impl LazyView {
     pub(crate) fn new(
         tree: Arc<Tree>,
-        schedule: Arc<Schedule>,
+        wants: Arc<dyn Wants>,
         dest: Dest,
         want_passthrough: bool,
     ) -> Self {
@@ -76,7 +89,7 @@ impl LazyView {
             want_passthrough,
             shared: Arc::new(Shared {
                 tree,
-                schedule,
+                wants,
                 dest,
                 runtime: tokio::runtime::Handle::current(),
                 uid: rustix::process::getuid().as_raw(),
@@ -237,7 +250,7 @@ impl Filesystem for LazyView {
         let Some(file) = shared.file(ino.0) else {
             return reply.error(Errno::EISDIR);
         };
-        match shared.schedule.want(&file.key) {
+        match shared.wants.want(file) {
             Wanted::Now(Ok(())) => shared.open_local(ino.0, reply),
             Wanted::Now(Err(reason)) => shared.fail(file, &reason, reply),
             Wanted::Later(told) => {

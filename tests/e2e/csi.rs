@@ -5,9 +5,9 @@
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crate::support::csi::{mounts_on, volume, Csi};
+use crate::support::csi::{mounts_on, volume, Csi, Volume};
 use crate::support::daemon::{catalog, dataset, Daemon, DatasetSpec};
 use crate::support::faults::{Fault, Rule};
 use crate::support::{content, files, read_tree, Server, MIB};
@@ -270,4 +270,173 @@ fn a_pod_starting_during_a_refresh_gets_the_snapshot_held_at_once() {
         first,
         "the snapshot held, not the one coming"
     );
+}
+
+/// The filesystem type mounted on `target` (the topmost mount).
+fn fs_type(target: &Path) -> String {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let wanted = target.display().to_string();
+    let line = table
+        .lines()
+        .rev()
+        .find(|line| line.split(' ').nth(4) == Some(wanted.as_str()))
+        .expect("mounted");
+    let after = line.split(" - ").nth(1).unwrap();
+    after.split(' ').next().unwrap().to_string()
+}
+
+/// `n` shards of 64 KiB under `dir/`, and a daemon whose GETs of them each stall `pause`.
+fn slow_shards(
+    server: &Server,
+    prefix: &str,
+    n: usize,
+    pause: Duration,
+) -> BTreeMap<String, Vec<u8>> {
+    let shards: BTreeMap<String, Vec<u8>> = (0..n)
+        .map(|i| (format!("s-{i:03}.bin"), content(900 + i as u64, 64 << 10)))
+        .collect();
+    server.seed(prefix, &shards);
+    server.faults.add(Rule {
+        ranged_only: false,
+        ..Rule::get(&format!("/{prefix}"), Fault::StallBody(0, pause)).times(usize::MAX)
+    });
+    shards
+}
+
+#[test]
+fn a_lazy_volume_starts_while_the_dataset_hydrates_and_the_next_pod_after_ready_gets_the_bind_mount(
+) {
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    // 120 GETs of 300 ms, 8 at a time: the hydration takes about 4.5 s.
+    let shards = slow_shards(&server, "lazy/", 120, Duration::from_millis(300));
+    let specs = [DatasetSpec {
+        refresh_seconds: 3600,
+        extra: "start = \"lazy\"",
+        ..dataset("lazy", "lazy/")
+    }];
+    let text = catalog(dir.path(), &server.target, "1GiB", "", &specs)
+        .replace("[listen]\n", "[listen]\nadmins = [\"uid:0\"]\n");
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    let csi = Csi::start(dir.path(), &daemon);
+
+    // A pod that asks to wait for the whole dataset still waits.
+    let patient = dir.path().join("pods/uid-0/mount");
+    let waits = csi
+        .publish(&Volume {
+            attributes: &[("start", "ready")],
+            ..volume("vol-0", "uid-0", "lazy", &patient)
+        })
+        .unwrap_err();
+    assert_eq!(waits.code(), tonic::Code::Unavailable, "{waits:?}");
+    assert!(waits.message().contains("hydrating"), "{waits:?}");
+
+    // The catalog's default: the pod starts as soon as the dataset is listed.
+    let early = dir.path().join("pods/uid-1/mount");
+    csi.publish_when_ready(&volume("vol-1", "uid-1", "lazy", &early));
+    assert_eq!(daemon.status("lazy")["state"], "hydrating");
+    assert!(fs_type(&early).starts_with("fuse"), "{}", fs_type(&early));
+    let names: Vec<String> = {
+        let mut names: Vec<_> = std::fs::read_dir(&early)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(names, shards.keys().cloned().collect::<Vec<_>>());
+    assert_eq!(
+        std::fs::metadata(early.join("s-077.bin")).unwrap().len(),
+        64 << 10
+    );
+    // The last shard is read long before the hydration ends, byte for byte.
+    let opened = Instant::now();
+    let last = std::fs::read(early.join("s-119.bin")).unwrap();
+    let waited = opened.elapsed();
+    assert!(last == shards["s-119.bin"]);
+    assert_eq!(
+        daemon.status("lazy")["state"],
+        "hydrating",
+        "read in {waited:?}, before the end"
+    );
+    let write = std::fs::write(early.join("new"), b"x").unwrap_err();
+    assert_eq!(write.raw_os_error(), Some(libc::EROFS), "{write}");
+    // Leased like a bind mount: the snapshot being hydrated, until unpublished.
+    let held = leases(&daemon);
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert_eq!(held[0]["holder"], "uid-1:vol-1");
+    assert_eq!(held[0]["snapshot"], daemon.status("lazy")["snapshot"]);
+    assert_eq!(held[0]["expires_at"], u64::MAX);
+
+    assert_eq!(read_tree(&early), shards, "every file, as it arrives");
+    crate::support::wait_until("ready", Duration::from_secs(30), || {
+        daemon.status("lazy")["state"] == "ready"
+    });
+    // The next pod gets the plain bind mount of the same snapshot.
+    let late = dir.path().join("pods/uid-2/mount");
+    csi.publish(&volume("vol-2", "uid-2", "lazy", &late))
+        .expect("ready: published at once");
+    assert!(!fs_type(&late).starts_with("fuse"), "{}", fs_type(&late));
+    assert_eq!(read_tree(&late), shards);
+    assert_eq!(read_tree(&early), shards, "the first pod reads on");
+    csi.publish(&volume("vol-1", "uid-1", "lazy", &early))
+        .expect("idempotent");
+
+    for (id, target) in [("vol-1", &early), ("vol-2", &late)] {
+        csi.unpublish(id, target).unwrap();
+        assert_eq!(mounts_on(target), 0);
+        assert!(!target.exists());
+    }
+    assert!(leases(&daemon).is_empty(), "{:?}", leases(&daemon));
+}
+
+#[test]
+fn a_restart_of_the_plugin_fails_lazy_reads_with_enotconn_and_a_restart_of_the_daemon_does_not() {
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    let shards = slow_shards(&server, "lz/", 120, Duration::from_millis(300));
+    let text = csi_catalog(dir.path(), &server, "1GiB", &["lz"]);
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    let mut csi = Csi::start(dir.path(), &daemon);
+    let target = dir.path().join("pods/uid-1/mount");
+    let lazy = Volume {
+        attributes: &[("start", "lazy")],
+        ..volume("vol-1", "uid-1", "lz", &target)
+    };
+    csi.publish_when_ready(&lazy);
+    assert!(std::fs::read(target.join("s-000.bin")).unwrap() == shards["s-000.bin"]);
+
+    // The daemon restarts mid-hydration: an open waits for it, resumes, and reads right.
+    let (status, _) = daemon.terminate();
+    assert!(status.success());
+    let reader = {
+        let path = target.join("s-100.bin");
+        std::thread::spawn(move || std::fs::read(path))
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    let read = reader
+        .join()
+        .unwrap()
+        .expect("the open waited for the daemon");
+    assert!(read == shards["s-100.bin"]);
+    assert_eq!(leases(&daemon).len(), 1, "the lazy volume's lease survived");
+
+    // The plugin restarts: its view is gone. A file open before reads on (its reads were the
+    // kernel's, through passthrough); a new open gets ENOTCONN, never zeros.
+    let mut open = std::fs::File::open(target.join("s-000.bin")).unwrap();
+    csi.restart();
+    let mut kept = Vec::new();
+    std::io::Read::read_to_end(&mut open, &mut kept).unwrap();
+    assert!(kept == shards["s-000.bin"]);
+    let err = std::fs::read(target.join("s-001.bin")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN), "{err}");
+    crate::support::wait_until("the dead view is reported", Duration::from_secs(10), || {
+        csi.log().contains("ended with the plugin's previous run")
+    });
+    // Once its pod is gone, it is unpublished cleanly, and its lease released.
+    drop(open);
+    csi.unpublish("vol-1", &target).unwrap();
+    assert_eq!(mounts_on(&target), 0);
+    assert!(leases(&daemon).is_empty());
 }
