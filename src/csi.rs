@@ -17,7 +17,7 @@ pub mod proto {
 }
 
 mod lazy;
-mod mount;
+pub(crate) mod mount;
 mod plugin;
 mod service;
 mod volumes;

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fuser::{MountOption, SessionACL};
+use rustix::mount::UnmountFlags;
 use tokio::sync::{oneshot, watch};
 
 use crate::cli::MountArgs;
@@ -37,6 +38,9 @@ use crate::{snapshot, units};
 
 /// How long an unmounted session may take to end before the process exits without it.
 const SESSION_END: Duration = Duration::from_secs(5);
+/// How often the cache's bind mount over a hydrated view is looked for (an unmount from outside
+/// takes it off first).
+const WATCH_BIND: Duration = Duration::from_secs(1);
 
 /// Mounts the view, serves it until a signal or an unmount, and returns the hydration's exit
 /// code (3 when stopped before the dataset was complete: the next run resumes).
@@ -86,12 +90,23 @@ pub(crate) async fn run(args: MountArgs) -> Result<Exit, SyncError> {
         cfg.dest.display()
     );
     let mut signals = crate::signals::stop_on_signals();
-    let mut exit = None;
-    let mut session_over = false;
+    let (mut exit, mut failed) = (None, None);
+    let (mut session_over, mut overmounted) = (false, false);
+    let mut watch = tokio::time::interval(WATCH_BIND);
     loop {
         tokio::select! {
             finished = &mut engine, if exit.is_none() => {
-                exit = Some(hydrated(finished, &schedule, &cfg.dest)?);
+                match hydrated(finished, &schedule, &cfg.dest) {
+                    Ok(Exit::Success) => {
+                        exit = Some(Exit::Success);
+                        overmounted = overmount(&cfg.dest, &mountpoint);
+                    }
+                    Ok(other) => exit = Some(other),
+                    Err(err) => {
+                        failed = Some(err);
+                        break;
+                    }
+                }
             }
             _ = signals.wait_for(|stop| *stop) => break,
             _ = &mut session_ended => {
@@ -99,11 +114,22 @@ pub(crate) async fn run(args: MountArgs) -> Result<Exit, SyncError> {
                 session_over = true;
                 break;
             }
+            _ = watch.tick(), if overmounted => {
+                if !cache_on_top(&mountpoint) {
+                    tracing::info!("{} was unmounted", mountpoint.display());
+                    overmounted = false;
+                    break;
+                }
+            }
         }
     }
     stop.send_replace(true);
     schedule.close("the mount is stopping");
     let unmounted = tokio::task::spawn_blocking(move || {
+        if overmounted {
+            let bind = rustix::mount::unmount(&mountpoint, UnmountFlags::empty());
+            unmount_busy(&mountpoint, bind.map_err(Into::into));
+        }
         unmount(&mut unmounter, &mountpoint);
     });
     let _ = unmounted.await;
@@ -112,6 +138,9 @@ pub(crate) async fn run(args: MountArgs) -> Result<Exit, SyncError> {
     }
     if let Some(controller) = controller {
         controller.abort();
+    }
+    if let Some(err) = failed {
+        return Err(err);
     }
     match exit {
         Some(exit) => Ok(exit),
@@ -232,15 +261,48 @@ pub(crate) async fn serve(
     Ok((unmounter, session_ended))
 }
 
-/// Unmounts; a view still in use is detached instead (it goes when its last reader closes,
-/// and reads then fail: this process is ending).
+/// Once the dataset is complete, the cache directory itself is bind-mounted read-only over the
+/// view: an open through the mountpoint then gets the plain local file, with no round trip
+/// through this process (each one costs a FUSE open and release even with passthrough), and
+/// `MOUNTPOINT/.hydrator/READY` shows. The view stays underneath for what is open in it. Where
+/// this process may not mount (not root), the view serves on.
+fn overmount(cache: &Path, mountpoint: &Path) -> bool {
+    match crate::csi::mount::bind_read_only(cache, mountpoint) {
+        Ok(()) => {
+            tracing::info!(
+                "hydrated: {} now shows {} itself (a read-only bind mount over the view)",
+                mountpoint.display(),
+                cache.display()
+            );
+            true
+        }
+        Err(err) => {
+            tracing::info!("hydrated; the view serves on ({err} binding the cache over it)");
+            false
+        }
+    }
+}
+
+/// Whether the cache's bind mount is still on top of the view.
+fn cache_on_top(mountpoint: &Path) -> bool {
+    crate::csi::mount::top_mount(mountpoint)
+        .is_ok_and(|top| top.is_some_and(|top| !top.fs_type.starts_with("fuse")))
+}
+
+/// Unmounts the view; one still in use is detached instead (it goes when its last reader
+/// closes, and reads then fail: this process is ending).
 fn unmount(unmounter: &mut fuser::SessionUnmounter, mountpoint: &Path) {
-    if let Err(err) = unmounter.unmount() {
+    unmount_busy(mountpoint, unmounter.unmount());
+}
+
+/// After an unmount that failed (busy), detaches instead.
+fn unmount_busy(mountpoint: &Path, unmounted: std::io::Result<()>) {
+    if let Err(err) = unmounted {
         tracing::warn!(
             "{} is busy ({err}): detached; readers still in it get errors from now on",
             mountpoint.display()
         );
-        if let Err(err) = rustix::mount::unmount(mountpoint, rustix::mount::UnmountFlags::DETACH) {
+        if let Err(err) = rustix::mount::unmount(mountpoint, UnmountFlags::DETACH) {
             tracing::error!("cannot unmount {}: {err}", mountpoint.display());
         }
     }

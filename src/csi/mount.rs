@@ -1,4 +1,5 @@
-//! Read-only bind mounts of snapshot directories, and telling whether a path is mounted.
+//! Read-only bind mounts of snapshot directories (and of a hydrated `hydrator mount` cache), and
+//! telling what is mounted on a path.
 //!
 //! A bind mount takes the flags of its source, so making it read-only takes a second call
 //! (`MS_REMOUNT | MS_BIND | MS_RDONLY`) that changes this mount only, never the cache's
@@ -45,9 +46,25 @@ pub(crate) enum Mounted {
 /// What is mounted on `path` in this mount namespace (the topmost mount, if several). The path
 /// is resolved first (symlinks, `..`), as the kernel names mount points.
 pub(crate) fn mounted(path: &Path) -> io::Result<Mounted> {
+    Ok(match top_mount(path)? {
+        None => Mounted::No,
+        Some(top) if top.read_only => Mounted::ReadOnly,
+        Some(_) => Mounted::Writable,
+    })
+}
+
+/// The topmost mount on a path.
+pub(crate) struct TopMount {
+    pub read_only: bool,
+    /// As mountinfo names it: `fuse`, `ext4`, ...
+    pub fs_type: String,
+}
+
+/// The topmost mount on `path` in this mount namespace, if any (resolved as for [`mounted`]).
+pub(crate) fn top_mount(path: &Path) -> io::Result<Option<TopMount>> {
     let path = match std::fs::canonicalize(path) {
         Ok(path) => path,
-        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(Mounted::No),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
         // A lazy view whose server is gone answers ENOTCONN: its parent names it.
         Err(err) => match (path.parent(), path.file_name()) {
             (Some(parent), Some(name)) => std::fs::canonicalize(parent)?.join(name),
@@ -56,17 +73,16 @@ pub(crate) fn mounted(path: &Path) -> io::Result<Mounted> {
     };
     let table = std::fs::read_to_string("/proc/self/mountinfo")?;
     let wanted = path.to_string_lossy();
-    let top = table.lines().rev().find_map(|line| {
+    Ok(table.lines().rev().find_map(|line| {
         let mut fields = line.split(' ');
         let mount_point = fields.nth(4)?;
         let options = fields.next()?;
-        (unescape(mount_point) == wanted).then(|| options.split(',').any(|o| o == "ro"))
-    });
-    Ok(match top {
-        None => Mounted::No,
-        Some(true) => Mounted::ReadOnly,
-        Some(false) => Mounted::Writable,
-    })
+        let fs_type = line.split(" - ").nth(1)?.split(' ').next()?;
+        (unescape(mount_point) == wanted).then(|| TopMount {
+            read_only: options.split(',').any(|o| o == "ro"),
+            fs_type: fs_type.to_string(),
+        })
+    }))
 }
 
 /// Mount points in mountinfo escape space, tab, newline and backslash as `\ooo` (octal).

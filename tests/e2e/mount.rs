@@ -6,7 +6,7 @@ use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
 
 use crate::support::faults::{Fault, Rule};
-use crate::support::mount::{is_mounted, Mounted};
+use crate::support::mount::{cache_on_top, is_mounted, mounts_on, Mounted};
 use crate::support::{content, has_ready, wait_until, Server};
 
 /// `n` files of `size` bytes named `shard-NNN.bin` under `dir/` (listing order = name order).
@@ -102,6 +102,30 @@ fn names_and_sizes_show_before_data_and_reads_match_the_store() {
         !log.contains("passthrough"),
         "passthrough is on here: {log}"
     );
+
+    // Hydrated: the cache itself is bound over the view, so opens no longer come to hydrator.
+    wait_until("the cache over the view", Duration::from_secs(10), || {
+        cache_on_top(&mount.mountpoint)
+    });
+    assert!(mount.path(".hydrator/READY").exists());
+    for (path, data) in &dataset {
+        assert!(std::fs::read(mount.path(path)).unwrap() == *data, "{path}");
+    }
+    assert!(
+        std::fs::File::create(mount.path("new")).is_err(),
+        "read-only"
+    );
+    let mut mount = mount;
+    assert_eq!(mount.stop("TERM"), Some(0), "{}", mount.log());
+    assert_eq!(mounts_on(&mount.mountpoint), 0, "both unmounted");
+}
+
+/// A GET of `key` that stalls for a minute: the dataset stays incomplete through a test.
+fn never_complete(server: &Server, key: &str) {
+    server.faults.add(Rule {
+        ranged_only: false,
+        ..Rule::get(key, Fault::StallBody(0, Duration::from_secs(60))).times(usize::MAX)
+    });
 }
 
 #[test]
@@ -231,6 +255,7 @@ fn an_unmount_from_outside_ends_the_process() {
     assert!(unmounted.success());
     let status = mount.child.wait().unwrap();
     assert_eq!(status.code(), Some(0), "{}", mount.log());
+    assert_eq!(mounts_on(&mount.mountpoint), 0, "the view went too");
 }
 
 #[test]
@@ -238,6 +263,8 @@ fn a_hydrated_view_reads_through_passthrough_even_after_the_process_is_killed() 
     let server = Server::local();
     let dataset = shards("k/", 2, 4 << 20);
     server.seed("killed/", &dataset);
+    server.seed("killed/", &shards("z/", 1, 10));
+    never_complete(&server, "/killed/z/");
     let mut mount = Mounted::start(&server, "killed/", &[]);
     let mut file = std::fs::File::open(mount.path("k/shard-000.bin")).unwrap();
     let mut head = vec![0; 1 << 20];
@@ -346,6 +373,8 @@ fn without_passthrough_the_view_reads_through_hydrator_and_says_so_once() {
     let server = Server::local();
     let dataset = shards("p/", 3, 3 << 20);
     server.seed("no-passthrough/", &dataset);
+    server.seed("no-passthrough/", &shards("z/", 1, 10));
+    never_complete(&server, "/no-passthrough/z/");
     let mount = Mounted::start(&server, "no-passthrough/", &["--no-passthrough"]);
     for (path, data) in &dataset {
         assert!(std::fs::read(mount.path(path)).unwrap() == *data, "{path}");

@@ -25,6 +25,28 @@ pub fn is_mounted(path: &Path) -> bool {
         .any(|line| line.split(' ').nth(4) == Some(&*path) && line.contains(" - fuse"))
 }
 
+/// How many mounts of any kind sit on `path` (a hydrated view has the cache bound over it).
+pub fn mounts_on(path: &Path) -> usize {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let path = path.to_string_lossy();
+    mounts
+        .lines()
+        .filter(|line| line.split(' ').nth(4) == Some(&*path))
+        .count()
+}
+
+/// Whether the top mount on `path` is the cache's bind mount (the dataset was hydrated), not
+/// the FUSE view.
+pub fn cache_on_top(path: &Path) -> bool {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let path = path.to_string_lossy();
+    mounts
+        .lines()
+        .rev()
+        .find(|line| line.split(' ').nth(4) == Some(&*path))
+        .is_some_and(|line| !line.contains(" - fuse"))
+}
+
 impl Mounted {
     /// Mounts s3://BUCKET/PREFIX with `args` and waits until the view is there.
     pub fn start(server: &Server, prefix: &str, args: &[&str]) -> Self {
@@ -100,7 +122,7 @@ impl Drop for Mounted {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
-        if is_mounted(&self.mountpoint) {
+        for _ in 0..mounts_on(&self.mountpoint) {
             let _ = Command::new("umount")
                 .arg("-l")
                 .arg(&self.mountpoint)
