@@ -10,12 +10,15 @@
 //! - An opened local file is handed to the kernel as a passthrough backing file (Linux ≥ 6.9,
 //!   and CAP_SYS_ADMIN): its reads never come to this process, and run at the local file's
 //!   speed. One backing file per inode, held while any handle of it is open, as the kernel
-//!   wants. Where passthrough is refused, reads are served here with `pread` (said once).
+//!   wants, and kept after the last close for the next open of that file (the last
+//!   [`IDLE_BACKINGS`] idle ones): an open of a file opened before then costs one round trip
+//!   and no syscall here. Where passthrough is refused, reads are served here with `pread`
+//!   (said once).
 //! - The view is read-only and never changes while mounted: entries and attributes are cached
 //!   by the kernel for a day, file data keeps its page cache between opens, and a close sends
 //!   no flush (`FOPEN_NOFLUSH`): each file costs this process one open and one release.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::OsStr;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -47,6 +50,8 @@ impl Wants for Schedule {
 
 /// The view never changes while mounted.
 const TTL: Duration = Duration::from_secs(24 * 60 * 60);
+/// Backing files kept for files no handle has open (each holds an open file in the kernel).
+const IDLE_BACKINGS: usize = 4096;
 
 pub(crate) struct LazyView {
     shared: Arc<Shared>,
@@ -74,6 +79,9 @@ struct Open {
     files: HashMap<u64, Arc<File>>,
     /// Passthrough backing files by inode, with how many handles use each.
     backing: HashMap<u64, (Arc<BackingId>, usize)>,
+    /// Inodes whose backing file lost its last handle, oldest first (an inode may be listed
+    /// again after it was reused; only one still idle when its turn comes is dropped).
+    idle: VecDeque<u64>,
     /// The inode of each passthrough handle.
     handles: HashMap<u64, u64>,
 }
@@ -140,6 +148,22 @@ impl Shared {
         self.open
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Answers an open of `ino` with the backing file kept from an earlier open, if there is
+    /// one (the file is local); otherwise hands the reply back.
+    fn open_kept(&self, ino: u64, reply: ReplyOpen) -> Option<ReplyOpen> {
+        let mut open = self.open_mut();
+        let Some((backing, users)) = open.backing.get_mut(&ino) else {
+            return Some(reply);
+        };
+        *users += 1;
+        let backing = backing.clone();
+        let fh = self.next_handle.fetch_add(1, Relaxed);
+        open.handles.insert(fh, ino);
+        drop(open);
+        reply.opened_passthrough(FileHandle(fh), FopenFlags::FOPEN_NOFLUSH, &backing);
+        None
     }
 
     /// Answers an open of `ino`, whose file is local: passthrough where the kernel takes it.
@@ -250,6 +274,9 @@ impl Filesystem for LazyView {
         let Some(file) = shared.file(ino.0) else {
             return reply.error(Errno::EISDIR);
         };
+        let Some(reply) = shared.open_kept(ino.0, reply) else {
+            return;
+        };
         match shared.wants.want(file) {
             Wanted::Now(Ok(())) => shared.open_local(ino.0, reply),
             Wanted::Now(Err(reason)) => shared.fail(file, &reason, reply),
@@ -340,7 +367,17 @@ impl Filesystem for LazyView {
             if let Some((_, users)) = open.backing.get_mut(&ino) {
                 *users -= 1;
                 if *users == 0 {
-                    open.backing.remove(&ino);
+                    open.idle.push_back(ino);
+                }
+            }
+            while open.idle.len() > IDLE_BACKINGS {
+                let oldest = open.idle.pop_front().expect("longer than the bound");
+                if open
+                    .backing
+                    .get(&oldest)
+                    .is_some_and(|(_, users)| *users == 0)
+                {
+                    open.backing.remove(&oldest);
                 }
             }
         }
