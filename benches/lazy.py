@@ -33,9 +33,13 @@ Medians over the rounds go to stdout and benches/RESULTS-lazy.md.
     python3 benches/lazy.py --origin --shapes A,B,C --rounds 3
     python3 benches/lazy.py --origin --shapes A,B --rounds 1 --scale small
 
-The server is benches/origin.rs (compare.Origin: near-free, in-memory). Garage is not wired in
-yet (--garage is refused). Run as root (drop_caches, FUSE). --hydrator-bin / --origin-bin take
-prebuilt binaries (copied first, so a concurrent build in target/ cannot swap them mid-run).
+The server is benches/origin.rs (compare.Origin: near-free, in-memory), or with --garage a
+single-node Garage (compare.Garage, installed by tests/install-garage.sh; the shapes are
+uploaded once with s5cmd and kept under --work). Run as root (drop_caches, FUSE).
+--hydrator-bin / --origin-bin take prebuilt binaries (copied first, so a concurrent build in
+target/ cannot swap them mid-run).
+
+    python3 benches/lazy.py --garage --shapes A,B,C --rounds 1
 """
 
 import argparse
@@ -74,9 +78,11 @@ class Shape:
     def __init__(self, key, scale):
         title, prefix, full, small, size_full, size_small, rnd = SHAPES[key]
         self.key = key
-        self.prefix = prefix
         self.count = full if scale == "full" else small
         self.size = size_full if scale == "full" else size_small
+        # One prefix per scale: Garage keeps what was uploaded between runs.
+        self.prefix = f"{prefix}-{self.count}x{self.size}"
+        self.name = f"lazy {key}"
         self.random = rnd
         self.title = title.format(count=f"{self.count:,}", size=human(self.size))
         digits = max(6, len(str(self.count - 1)))
@@ -494,7 +500,8 @@ def table(shape, m):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--origin", action="store_true", help="benches/origin.rs (default)")
-    parser.add_argument("--garage", action="store_true", help="not implemented yet")
+    parser.add_argument("--garage", action="store_true",
+                        help="a single-node Garage instead of the origin")
     parser.add_argument("--shapes", default="A,B,C")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--scale", choices=["full", "small"], default="full")
@@ -502,12 +509,14 @@ def main():
     parser.add_argument("--work", default="/var/tmp/hydrator-lazy-bench")
     parser.add_argument("--hydrator-bin", default=None)
     parser.add_argument("--origin-bin", default=None)
-    parser.add_argument("--output", default=str(BENCHES / "RESULTS-lazy.md"))
+    parser.add_argument("--output", default=None,
+                        help="default: benches/RESULTS-lazy.md (origin), RESULTS-lazy-garage.md")
     parser.add_argument("--note", action="append", default=[],
                         help="a line added to the results file (e.g. what was not run)")
     args = parser.parse_args()
-    if args.garage:
-        sys.exit("--garage is not implemented in lazy.py yet; run --origin")
+    if args.output is None:
+        name = "RESULTS-lazy-garage.md" if args.garage else "RESULTS-lazy.md"
+        args.output = str(BENCHES / name)
     if os.geteuid() != 0:
         sys.exit("run as root (drop_caches, FUSE)")
     shapes = [Shape(k.strip(), args.scale) for k in args.shapes.split(",")]
@@ -524,7 +533,13 @@ def main():
     version = subprocess.run([hydrator, "--version"], capture_output=True,
                              text=True).stdout.strip()
 
-    if args.origin_bin:
+    if args.garage:
+        tools = compare.ensure_tools(["s5cmd"])
+        origin = compare.Garage(tools["garage"], work)
+        for s in shapes:
+            compare.upload(s, tools, compare.s3_env(origin.endpoint), work)
+        server = "a single-node Garage (sqlite metadata) on loopback, data on the same disk"
+    elif args.origin_bin:
         origin = compare.Origin.__new__(compare.Origin)
         sets = []
         for s in shapes:
@@ -536,6 +551,8 @@ def main():
             sys.exit(f"the origin did not start: {origin.endpoint!r}")
     else:
         origin = compare.Origin(shapes)
+    if not args.garage:
+        server = "benches/origin.rs (in-memory, near-free S3 origin) on loopback"
     bench = Bench(args, origin.endpoint, hydrator, work)
     results = {}
     started = datetime.datetime.now(datetime.timezone.utc)
@@ -572,7 +589,7 @@ def main():
         f"- date: {started:%Y-%m-%d %H:%M} UTC",
         f"- CPU: {cpu}, {os.cpu_count()} cores; kernel {os.uname().release}",
         f"- hydrator: {version}",
-        "- server: benches/origin.rs (in-memory, near-free S3 origin) on loopback",
+        f"- server: {server}",
         f"- command: `python3 benches/lazy.py {' '.join(sys.argv[1:])}`",
         f"- scale: {scale}; rounds: {args.rounds}; medians reported",
         f"- cache / DEST: plain directories under {work} (same filesystem), removed between runs",
@@ -581,7 +598,7 @@ def main():
         "",
     ]
     out += [f"- note: {n}" for n in args.note]
-    out.append("\n## origin\n")
+    out.append("\n## garage\n" if args.garage else "\n## origin\n")
     for key, (shape, m, _) in results.items():
         out += [f"### {key}: {shape.title} ({human(shape.total)}, {m['rounds']} rounds)", "",
                 table(shape, m), ""]
