@@ -39,6 +39,8 @@ use service::IdentityService;
 
 /// The longest a call waits for an absent daemon (`--daemon-wait` is cut to it).
 const MAX_DAEMON_WAIT: u64 = 5;
+/// How often lazy views are looked at for a snapshot that became ready.
+const SETTLE_EVERY: Duration = Duration::from_secs(2);
 /// How often leases are matched against what is mounted.
 const RECONCILE_EVERY: Duration = Duration::from_secs(60);
 
@@ -68,10 +70,17 @@ pub(crate) async fn run(args: CsiArgs) -> Result<Exit, SyncError> {
         args.node_id,
         socket.display()
     );
+    let settling = plugin.clone();
     let reconciler = tokio::spawn(async move {
         loop {
             plugin.reconcile().await;
             tokio::time::sleep(RECONCILE_EVERY).await;
+        }
+    });
+    let settler = tokio::spawn(async move {
+        loop {
+            settling.settle().await;
+            tokio::time::sleep(SETTLE_EVERY).await;
         }
     });
     let served = tonic::transport::Server::builder()
@@ -80,6 +89,7 @@ pub(crate) async fn run(args: CsiArgs) -> Result<Exit, SyncError> {
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop_signal())
         .await;
     reconciler.abort();
+    settler.abort();
     let _ = std::fs::remove_file(&socket);
     served.map_err(|e| UsageError::new(format!("serving CSI on {}: {e}", socket.display())))?;
     tracing::info!("stopped; published volumes stay mounted");

@@ -38,6 +38,8 @@ use crate::{snapshot, units};
 
 /// How long an unmounted session may take to end before the process exits without it.
 const SESSION_END: Duration = Duration::from_secs(5);
+/// Threads answering the kernel's FUSE requests.
+const FUSE_THREADS: usize = 4;
 /// How often the cache's bind mount over a hydrated view is looked for (an unmount from outside
 /// takes it off first).
 const WATCH_BIND: Duration = Duration::from_secs(1);
@@ -242,6 +244,10 @@ pub(crate) async fn serve(
         true => SessionACL::All,
         false => SessionACL::Owner,
     };
+    // Opens and releases of readers in parallel are answered in parallel, each thread on its
+    // own clone of the FUSE descriptor.
+    config.n_threads = Some(FUSE_THREADS);
+    config.clone_fd = true;
     let at: PathBuf = mountpoint.to_path_buf();
     let mut session = tokio::task::spawn_blocking(move || fuser::Session::new(view, &at, &config))
         .await

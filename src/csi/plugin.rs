@@ -24,7 +24,7 @@
 //! - Targets must lie under the kubelet's pods directory: the plugin mounts and unmounts only
 //!   there.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -35,7 +35,10 @@ use tonic::Status;
 
 use super::lazy;
 use super::mount::{self, Mounted};
-use super::proto::{volume_capability::AccessType, NodePublishVolumeRequest};
+use super::proto::{
+    volume_capability::AccessType, volume_usage, NodePublishVolumeRequest, VolumeCondition,
+    VolumeUsage,
+};
 use super::volumes::{self, Volume, Volumes};
 use crate::daemon::catalog::Start;
 use crate::daemon::protocol::{DatasetStatus, Lease, LeaseRequest, State, UNTIL_RELEASED};
@@ -60,6 +63,10 @@ pub(crate) struct Plugin {
     turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Whether the lazy views left by a previous life were looked for.
     found_dead_views: AtomicBool,
+    /// The volumes whose lazy view this process serves (a lazy volume not in it is one whose
+    /// view ended with a previous life of the plugin), and whether the ready snapshot was
+    /// bound over it yet.
+    serving: Mutex<BTreeMap<String, bool>>,
 }
 
 /// The snapshot a publish serves, and whether as a lazy view (it is still hydrating).
@@ -162,6 +169,7 @@ impl Plugin {
             pods_dir,
             turns: Mutex::default(),
             found_dead_views: AtomicBool::new(false),
+            serving: Mutex::default(),
         }
     }
 
@@ -238,6 +246,9 @@ impl Plugin {
                 volume.target.display()
             ))
         })?;
+        if volume.lazy {
+            self.serving_mut().insert(volume.id.clone(), false);
+        }
         let how = match volume.lazy {
             true => "as a lazy view while it hydrates",
             false => "read-only",
@@ -282,6 +293,7 @@ impl Plugin {
             }
             _ => {}
         }
+        self.serving_mut().remove(id);
         if let Some(volume) = record {
             self.release(&volume).await?;
             self.volumes.remove(id).map_err(local)?;
@@ -327,6 +339,123 @@ impl Plugin {
                 }
             }
         }
+    }
+
+    fn serving_mut(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, bool>> {
+        self.serving
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The usage and condition of volume `id` published at `path`: abnormal when it is a lazy
+    /// view that no process serves any more (the kubelet, with volume health on, puts the
+    /// message in the pod's events).
+    pub(crate) fn stats(
+        &self,
+        id: &str,
+        path: &Path,
+    ) -> Result<(Vec<VolumeUsage>, VolumeCondition), Status> {
+        let Some(volume) = self.record(id).filter(|v| v.target == path) else {
+            return Err(Status::not_found(format!(
+                "no volume {id} is published at {}",
+                path.display()
+            )));
+        };
+        if volume.lazy && !self.serving_mut().contains_key(id) {
+            let message = format!(
+                "the lazy view of {} ended with a restart of the CSI plugin: reads fail (ENOTCONN) until the pod is restarted",
+                volume.dataset
+            );
+            return Ok((
+                Vec::new(),
+                VolumeCondition {
+                    abnormal: true,
+                    message,
+                },
+            ));
+        }
+        let fs = rustix::fs::statvfs(path)
+            .map_err(|err| Status::internal(format!("statfs of {}: {err}", path.display())))?;
+        let usage = |unit: volume_usage::Unit, total: u64, available: u64| VolumeUsage {
+            total: total as i64,
+            available: available as i64,
+            used: total.saturating_sub(available) as i64,
+            unit: unit as i32,
+        };
+        let block = fs.f_frsize;
+        let how = match volume.lazy {
+            true => "a lazy view while it hydrates",
+            false => "mounted read-only",
+        };
+        Ok((
+            vec![
+                usage(
+                    volume_usage::Unit::Bytes,
+                    fs.f_blocks * block,
+                    fs.f_bavail * block,
+                ),
+                usage(volume_usage::Unit::Inodes, fs.f_files, fs.f_ffree),
+            ],
+            VolumeCondition {
+                abnormal: false,
+                message: format!("snapshot {} of {}: {how}", volume.snapshot, volume.dataset),
+            },
+        ))
+    }
+
+    /// Binds its ready snapshot over each lazy view this process serves whose hydration is
+    /// complete: a pod whose volume mount has `mountPropagation: HostToContainer` then reads
+    /// the plain files (no round trip to this process per open); the view stays underneath for
+    /// the other pods and the files open in it.
+    pub(crate) async fn settle(&self) {
+        let pending: Vec<String> = (self.serving_mut().iter())
+            .filter(|(_, settled)| !**settled)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in pending {
+            let _turn = self.turn(&id).await;
+            let Some(volume) = self.record(&id).filter(|v| v.lazy) else {
+                continue;
+            };
+            if !self.serving_mut().contains_key(&id) {
+                continue; // unpublished meanwhile
+            }
+            let dir = match self.ready_dir(&volume).await {
+                Ok(Some(dir)) => dir,
+                Ok(None) => continue,
+                Err(status) => return tracing::debug!("settling: {}", status.message()),
+            };
+            match mount::bind_read_only(&dir, &volume.target) {
+                Ok(()) => {
+                    self.serving_mut().insert(id.clone(), true);
+                    tracing::info!(
+                        volume = %id,
+                        "{} is ready: bound over the lazy view at {}",
+                        volume.dataset,
+                        volume.target.display()
+                    );
+                }
+                Err(err) => tracing::warn!(volume = %id, "binding the ready snapshot: {err}"),
+            }
+        }
+    }
+
+    /// The directory of the volume's snapshot once it is ready.
+    async fn ready_dir(&self, volume: &Volume) -> Result<Option<PathBuf>, Status> {
+        let path = format!("/v1/datasets/{}", percent_encode(&volume.dataset));
+        let (code, body) = self
+            .client
+            .call(Method::GET, &path, None)
+            .await
+            .map_err(daemon_unreachable)?;
+        if code != StatusCode::OK {
+            return Err(refused(code, &explain(code, &body)));
+        }
+        let status: DatasetStatus = serde_json::from_slice(&body)
+            .map_err(|e| Status::internal(format!("unexpected answer from the daemon: {e}")))?;
+        let ready = status.state == State::Ready
+            && status.snapshot.as_deref() == Some(volume.snapshot.as_str());
+        Ok(status.path.filter(|_| ready).map(PathBuf::from))
     }
 
     /// Once per life: the lazy views published by a previous life of the plugin are mounted

@@ -1,6 +1,8 @@
 //! The CSI Identity and Node services over gRPC: checks and answers, with the work done by
-//! [`Plugin`]. The plugin serves inline ephemeral volumes only, so it has no Controller service
-//! and no capability beyond the defaults (no staging, no stats, no expansion).
+//! [`Plugin`]. The plugin serves inline ephemeral volumes only, so it has no Controller service,
+//! no staging and no expansion. It answers volume stats with the volume's condition, so that a
+//! kubelet with volume health on (`CSIVolumeHealth`) puts a lazy view that ended with a restart
+//! of the plugin in the pod's events.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -83,7 +85,15 @@ impl Node for NodeService {
         &self,
         _: Request<NodeGetCapabilitiesRequest>,
     ) -> Result<Response<NodeGetCapabilitiesResponse>, Status> {
-        Ok(Response::new(NodeGetCapabilitiesResponse::default()))
+        use node_service_capability::{rpc::Type, Rpc, Type as Kind};
+        let rpc = |kind: Type| NodeServiceCapability {
+            r#type: Some(Kind::Rpc(Rpc {
+                r#type: kind as i32,
+            })),
+        };
+        Ok(Response::new(NodeGetCapabilitiesResponse {
+            capabilities: vec![rpc(Type::GetVolumeStats), rpc(Type::VolumeCondition)],
+        }))
     }
 
     async fn node_get_info(
@@ -112,9 +122,15 @@ impl Node for NodeService {
 
     async fn node_get_volume_stats(
         &self,
-        _: Request<NodeGetVolumeStatsRequest>,
+        request: Request<NodeGetVolumeStatsRequest>,
     ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
-        Err(unsupported("NodeGetVolumeStats"))
+        let request = request.into_inner();
+        let path = Path::new(&request.volume_path);
+        let (usage, condition) = self.plugin.stats(&request.volume_id, path)?;
+        Ok(Response::new(NodeGetVolumeStatsResponse {
+            usage,
+            volume_condition: Some(condition),
+        }))
     }
 
     async fn node_expand_volume(

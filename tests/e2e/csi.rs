@@ -367,6 +367,13 @@ fn a_lazy_volume_starts_while_the_dataset_hydrates_and_the_next_pod_after_ready_
     assert_eq!(held[0]["holder"], "uid-1:vol-1");
     assert_eq!(held[0]["snapshot"], daemon.status("lazy")["snapshot"]);
     assert_eq!(held[0]["expires_at"], u64::MAX);
+    let stats = csi.volume_stats("vol-1", &early).unwrap();
+    let condition = stats.volume_condition.unwrap();
+    assert!(!condition.abnormal, "{condition:?}");
+    assert!(condition.message.contains("lazy view"), "{condition:?}");
+    assert_eq!(stats.usage.len(), 2, "bytes and inodes");
+    let unknown = csi.volume_stats("vol-9", &early).unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound, "{unknown:?}");
 
     assert_eq!(read_tree(&early), shards, "every file, as it arrives");
     crate::support::wait_until("ready", Duration::from_secs(30), || {
@@ -377,7 +384,18 @@ fn a_lazy_volume_starts_while_the_dataset_hydrates_and_the_next_pod_after_ready_
     csi.publish(&volume("vol-2", "uid-2", "lazy", &late))
         .expect("ready: published at once");
     assert!(!fs_type(&late).starts_with("fuse"), "{}", fs_type(&late));
+    let bound = csi.volume_stats("vol-2", &late).unwrap();
+    assert!(!bound.volume_condition.as_ref().unwrap().abnormal);
+    assert!(bound.usage[0].total > 0, "{bound:?}");
     assert_eq!(read_tree(&late), shards);
+    // The ready snapshot is bound over the first pod's view too: a pod that mounts it with
+    // HostToContainer propagation sees the plain files from then on.
+    crate::support::wait_until(
+        "the snapshot over the view",
+        Duration::from_secs(10),
+        || !fs_type(&early).starts_with("fuse"),
+    );
+    assert_eq!(mounts_on(&early), 2, "the view stays underneath");
     assert_eq!(read_tree(&early), shards, "the first pod reads on");
     csi.publish(&volume("vol-1", "uid-1", "lazy", &early))
         .expect("idempotent");
@@ -394,7 +412,8 @@ fn a_lazy_volume_starts_while_the_dataset_hydrates_and_the_next_pod_after_ready_
 fn a_restart_of_the_plugin_fails_lazy_reads_with_enotconn_and_a_restart_of_the_daemon_does_not() {
     let server = Server::local();
     let dir = tempfile::tempdir().unwrap();
-    let shards = slow_shards(&server, "lz/", 120, Duration::from_millis(300));
+    // About 15 s of hydration: still incomplete when the plugin restarts.
+    let shards = slow_shards(&server, "lz/", 120, Duration::from_secs(1));
     let text = csi_catalog(dir.path(), &server, "1GiB", &["lz"]);
     let daemon = Daemon::start(dir.path(), &server.target, &text);
     let mut csi = Csi::start(dir.path(), &daemon);
@@ -425,12 +444,26 @@ fn a_restart_of_the_plugin_fails_lazy_reads_with_enotconn_and_a_restart_of_the_d
     // The plugin restarts: its view is gone. A file open before reads on (its reads were the
     // kernel's, through passthrough); a new open gets ENOTCONN, never zeros.
     let mut open = std::fs::File::open(target.join("s-000.bin")).unwrap();
+    assert_eq!(daemon.status("lz")["state"], "hydrating", "still the view, not the bind");
     csi.restart();
     let mut kept = Vec::new();
     std::io::Read::read_to_end(&mut open, &mut kept).unwrap();
     assert!(kept == shards["s-000.bin"]);
     let err = std::fs::read(target.join("s-001.bin")).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN), "{err}");
+    // What the kubelet (with volume health on) puts in the pod's events.
+    let condition = csi
+        .volume_stats("vol-1", &target)
+        .unwrap()
+        .volume_condition
+        .unwrap();
+    assert!(condition.abnormal, "{condition:?}");
+    assert!(
+        condition
+            .message
+            .contains("ended with a restart of the CSI plugin"),
+        "{condition:?}"
+    );
     crate::support::wait_until("the dead view is reported", Duration::from_secs(10), || {
         csi.log().contains("ended with the plugin's previous run")
     });

@@ -189,6 +189,23 @@ impl Csi {
         }
     }
 
+    /// NodeGetVolumeStats, as the kubelet calls it for metrics and volume health.
+    pub fn volume_stats(
+        &self,
+        id: &str,
+        target: &Path,
+    ) -> Result<NodeGetVolumeStatsResponse, tonic::Status> {
+        let mut client = NodeClient::new(self.channel()?);
+        let request = NodeGetVolumeStatsRequest {
+            volume_id: id.into(),
+            volume_path: target.display().to_string(),
+            ..Default::default()
+        };
+        self.runtime
+            .block_on(client.node_get_volume_stats(request))
+            .map(|answer| answer.into_inner())
+    }
+
     pub fn unpublish(&self, id: &str, target: &Path) -> Result<(), tonic::Status> {
         let mut client = NodeClient::new(self.channel()?);
         let request = NodeUnpublishVolumeRequest {
