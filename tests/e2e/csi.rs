@@ -444,7 +444,11 @@ fn a_restart_of_the_plugin_fails_lazy_reads_with_enotconn_and_a_restart_of_the_d
     // The plugin restarts: its view is gone. A file open before reads on (its reads were the
     // kernel's, through passthrough); a new open gets ENOTCONN, never zeros.
     let mut open = std::fs::File::open(target.join("s-000.bin")).unwrap();
-    assert_eq!(daemon.status("lz")["state"], "hydrating", "still the view, not the bind");
+    assert_eq!(
+        daemon.status("lz")["state"],
+        "hydrating",
+        "still the view, not the bind"
+    );
     csi.restart();
     let mut kept = Vec::new();
     std::io::Read::read_to_end(&mut open, &mut kept).unwrap();
