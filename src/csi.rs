@@ -17,7 +17,6 @@ pub mod proto {
 }
 
 mod lazy;
-pub(crate) mod mount;
 mod plugin;
 mod service;
 mod volumes;

@@ -23,6 +23,7 @@ pub mod hash;
 pub(crate) mod lease;
 pub(crate) mod manifest;
 pub(crate) mod mount;
+pub(crate) mod mounts;
 pub(crate) mod plan;
 pub(crate) mod report;
 pub(crate) mod signals;

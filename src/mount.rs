@@ -273,7 +273,7 @@ pub(crate) async fn serve(
 /// `MOUNTPOINT/.hydrator/READY` shows. The view stays underneath for what is open in it. Where
 /// this process may not mount (not root), the view serves on.
 fn overmount(cache: &Path, mountpoint: &Path) -> bool {
-    match crate::csi::mount::bind_read_only(cache, mountpoint) {
+    match crate::mounts::bind_read_only(cache, mountpoint) {
         Ok(()) => {
             tracing::info!(
                 "hydrated: {} now shows {} itself (a read-only bind mount over the view)",
@@ -291,7 +291,7 @@ fn overmount(cache: &Path, mountpoint: &Path) -> bool {
 
 /// Whether the cache's bind mount is still on top of the view.
 fn cache_on_top(mountpoint: &Path) -> bool {
-    crate::csi::mount::top_mount(mountpoint)
+    crate::mounts::top_mount(mountpoint)
         .is_ok_and(|top| top.is_some_and(|top| !top.fs_type.starts_with("fuse")))
 }
 

@@ -34,7 +34,6 @@ use tokio::sync::OwnedMutexGuard;
 use tonic::Status;
 
 use super::lazy;
-use super::mount::{self, Mounted};
 use super::proto::{
     volume_capability::AccessType, volume_usage, NodePublishVolumeRequest, VolumeCondition,
     VolumeUsage,
@@ -43,6 +42,7 @@ use super::volumes::{self, Volume, Volumes};
 use crate::daemon::catalog::Start;
 use crate::daemon::protocol::{DatasetStatus, Lease, LeaseRequest, State, UNTIL_RELEASED};
 use crate::daemon_client::{explain, percent_encode, CallError, Client};
+use crate::mounts::{self, Mounted};
 use crate::units::human_bytes;
 
 /// The volume attribute naming the catalog dataset.
@@ -199,7 +199,7 @@ impl Plugin {
         let ask = Ask::parse(request, &self.pods_dir)?;
         let _turn = self.turn(&ask.id).await;
         if let Some(published) = self.record(&ask.id).filter(|p| p.target == ask.target) {
-            match mount::mounted(&ask.target).map_err(local)? {
+            match mounts::mounted(&ask.target).map_err(local)? {
                 Mounted::ReadOnly if published.dataset == ask.dataset => return Ok(()),
                 Mounted::ReadOnly => {
                     return Err(Status::already_exists(format!(
@@ -208,7 +208,7 @@ impl Plugin {
                     )))
                 }
                 // A publish cut short between its bind and its read-only remount.
-                Mounted::Writable => mount::unmount(&ask.target).map_err(local)?,
+                Mounted::Writable => mounts::unmount(&ask.target).map_err(local)?,
                 Mounted::No => {}
             }
         }
@@ -237,7 +237,7 @@ impl Plugin {
                 )
                 .await
             }
-            false => mount::bind_read_only(&dir, &volume.target),
+            false => mounts::bind_read_only(&dir, &volume.target),
         };
         mounted.map_err(|err| {
             Status::internal(format!(
@@ -279,8 +279,8 @@ impl Plugin {
                 target.display()
             )));
         }
-        while mount::mounted(target).map_err(local)? != Mounted::No {
-            mount::unmount(target).map_err(|err| {
+        while mounts::mounted(target).map_err(local)? != Mounted::No {
+            mounts::unmount(target).map_err(|err| {
                 Status::internal(format!("unmounting {}: {err}", target.display()))
             })?;
         }
@@ -323,7 +323,7 @@ impl Plugin {
             let Some(volume) = self.record(&volume.id) else {
                 continue; // unpublished meanwhile
             };
-            let outcome = match mount::mounted(&volume.target) {
+            let outcome = match mounts::mounted(&volume.target) {
                 Ok(Mounted::No) => match self.release(&volume).await {
                     Ok(()) => self.volumes.remove(&volume.id).map_err(local),
                     Err(status) => Err(status),
@@ -425,7 +425,7 @@ impl Plugin {
                 Ok(None) => continue,
                 Err(status) => return tracing::debug!("settling: {}", status.message()),
             };
-            match mount::bind_read_only(&dir, &volume.target) {
+            match mounts::bind_read_only(&dir, &volume.target) {
                 Ok(()) => {
                     self.serving_mut().insert(id.clone(), true);
                     tracing::info!(
@@ -465,7 +465,7 @@ impl Plugin {
             return;
         }
         for volume in recorded.iter().filter(|v| v.lazy) {
-            if !matches!(mount::mounted(&volume.target), Ok(Mounted::No)) {
+            if !matches!(mounts::mounted(&volume.target), Ok(Mounted::No)) {
                 tracing::error!(
                     volume = %volume.id,
                     "the lazy view of {} at {} ended with the plugin's previous run: its pod's reads fail (ENOTCONN) until the pod is restarted",
