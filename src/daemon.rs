@@ -15,6 +15,7 @@
 //! - The disk is the truth: on start, the registry is rebuilt from the directories and
 //!   interrupted hydrations resume from their manifests ([`recover`]).
 
+mod access;
 pub(crate) mod api;
 pub(crate) mod catalog;
 mod error;

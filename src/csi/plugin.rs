@@ -21,6 +21,9 @@
 //!   of records whose target is no longer mounted (a publish or unpublish cut short). A pass
 //!   stops at the first call the daemon does not answer.
 //! - Calls for one volume run one at a time; different volumes do not wait for each other.
+//! - Who may mount a dataset is the daemon's to say: every warm call names the pod's namespace
+//!   and service account (from `podInfoOnMount`), checked against the catalog's access rules; a
+//!   refusal is `PERMISSION_DENIED` with the rule, in the pod's events.
 //! - Targets must lie under the kubelet's pods directory: the plugin mounts and unmounts only
 //!   there.
 
@@ -40,7 +43,9 @@ use super::proto::{
 };
 use super::volumes::{self, Volume, Volumes};
 use crate::daemon::catalog::Start;
-use crate::daemon::protocol::{DatasetStatus, Lease, LeaseRequest, State, UNTIL_RELEASED};
+use crate::daemon::protocol::{
+    DatasetStatus, Lease, LeaseRequest, PodIdentity, State, WarmRequest, UNTIL_RELEASED,
+};
 use crate::daemon_client::{explain, percent_encode, CallError, Client};
 use crate::mounts::{self, Mounted};
 use crate::units::human_bytes;
@@ -52,6 +57,8 @@ pub(crate) const SNAPSHOT_ATTRIBUTE: &str = "snapshot";
 /// The optional volume attribute saying when the pod may start: `ready` or `lazy`.
 pub(crate) const START_ATTRIBUTE: &str = "start";
 const POD_UID_ATTRIBUTE: &str = "csi.storage.k8s.io/pod.uid";
+const POD_NAMESPACE_ATTRIBUTE: &str = "csi.storage.k8s.io/pod.namespace";
+const SERVICE_ACCOUNT_ATTRIBUTE: &str = "csi.storage.k8s.io/serviceAccount.name";
 const EPHEMERAL_ATTRIBUTE: &str = "csi.storage.k8s.io/ephemeral";
 
 pub(crate) struct Plugin {
@@ -82,6 +89,8 @@ struct Ask {
     dataset: String,
     snapshot: Option<String>,
     start: Option<Start>,
+    /// Checked by the daemon against the dataset's access rules.
+    pod: PodIdentity,
     holder: String,
     target: PathBuf,
 }
@@ -155,6 +164,14 @@ impl Ask {
             dataset: dataset.clone(),
             snapshot: context.get(SNAPSHOT_ATTRIBUTE).cloned(),
             start,
+            pod: PodIdentity {
+                namespace: context
+                    .get(POD_NAMESPACE_ATTRIBUTE)
+                    .cloned()
+                    .unwrap_or_default(),
+                service_account: (context.get(SERVICE_ACCOUNT_ATTRIBUTE).cloned())
+                    .unwrap_or_default(),
+            },
             holder: format!("{pod}:{}", request.volume_id),
             target,
         })
@@ -212,7 +229,7 @@ impl Plugin {
                 Mounted::No => {}
             }
         }
-        let served = self.served(&ask.dataset, ask.start).await?;
+        let served = self.served(&ask.dataset, ask.start, &ask.pod).await?;
         let snapshot = ask.snapshot.clone().unwrap_or(served.snapshot.clone());
         let dir = snapshot_dir(&served.dir, &snapshot)?;
         let volume = Volume {
@@ -498,11 +515,21 @@ impl Plugin {
     /// The snapshot to serve of `dataset`: its ready one, or the one held while a refresh
     /// runs, or (a lazy start) the one being hydrated once it is listed. While the node has
     /// none of these, a retryable error with the progress (what the pod's events show).
-    async fn served(&self, dataset: &str, start: Option<Start>) -> Result<Served, Status> {
+    async fn served(
+        &self,
+        dataset: &str,
+        start: Option<Start>,
+        pod: &PodIdentity,
+    ) -> Result<Served, Status> {
         let path = format!("/v1/datasets/{}/warm", percent_encode(dataset));
+        let request = WarmRequest {
+            wait: false,
+            pod: Some(pod.clone()),
+        };
+        let request = serde_json::to_vec(&request).expect("a warm request serialises");
         let (code, body) = self
             .client
-            .call(Method::POST, &path, None)
+            .call(Method::POST, &path, Some(request))
             .await
             .map_err(daemon_unreachable)?;
         if !matches!(

@@ -191,6 +191,11 @@ async fn warm(
     if *daemon.stop.borrow() {
         return error(StatusCode::SERVICE_UNAVAILABLE, "the daemon is stopping");
     }
+    if let Some(pod) = &request.pod {
+        if let Err(why) = dataset.access.check(&name, pod) {
+            return error(StatusCode::FORBIDDEN, why);
+        }
+    }
     let lazy = dataset.start == Start::Lazy;
     let mut done = match flight::warm(&daemon, &name, &dataset) {
         Warm::Known(mut status) => {

@@ -6,10 +6,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::access::{self, Access, RawRules};
 use super::identity::Token;
 use crate::config::{self, ProgressMode, SyncConfig, SyncConfigBuilder};
 use crate::error::UsageError;
@@ -37,6 +39,8 @@ struct RawCatalog {
     listen: RawListen,
     #[serde(default)]
     datasets: BTreeMap<String, RawDataset>,
+    /// Who may mount the datasets that name no one themselves.
+    access: Option<RawRules>,
 }
 
 #[derive(Deserialize)]
@@ -107,6 +111,17 @@ struct RawDataset {
     allow_empty: bool,
     #[serde(default)]
     start: Start,
+    namespaces: Option<Vec<String>>,
+    service_accounts: Option<Vec<String>>,
+}
+
+impl RawDataset {
+    fn rules(&self) -> RawRules {
+        RawRules {
+            namespaces: self.namespaces.clone(),
+            service_accounts: self.service_accounts.clone(),
+        }
+    }
 }
 
 /// When a pod of the CSI volume may start reading a dataset that is not on the node yet.
@@ -201,6 +216,8 @@ pub(crate) struct Dataset {
     pub prewarm: bool,
     /// The CSI volume's default when its pod does not say (`start` volume attribute).
     pub start: Start,
+    /// Which pods may mount it through the CSI driver.
+    pub access: Access,
     /// How long a ready copy of an unpinned dataset is handed out before the source is listed
     /// again for a newer version.
     pub refresh: Duration,
@@ -255,13 +272,22 @@ pub(crate) fn parse(
     let mut problems = Vec::new();
     let cache = cache(raw.cache, &mut problems);
     let listen = listen(raw.listen, &mut problems);
+    let default = (raw.access.as_ref())
+        .map(|rules| Arc::new(access::rules(rules, "access", &mut problems).into_default()));
+    let any_rules = default.is_some() || raw.datasets.values().any(|d| d.rules().is_set());
     let mut datasets = BTreeMap::new();
     for (name, dataset) in raw.datasets {
+        let own = dataset.rules();
+        let own = own.is_set().then(|| {
+            let field = format!("dataset {name:?}");
+            access::rules(&own, &field, &mut problems)
+        });
         let mut problem = |why: String| problems.push(format!("dataset {name:?}: {why}"));
         if let Err(why) = check_name(&name) {
             problem(why.to_string());
         }
-        if let Some(dataset) = self::dataset(dataset, &env, &mut problem) {
+        if let Some(mut dataset) = self::dataset(dataset, &env, &mut problem) {
+            dataset.access = access::resolve(own, default.as_ref(), any_rules);
             datasets.insert(name, dataset);
         }
     }
@@ -612,6 +638,7 @@ fn dataset(
         pinned,
         prewarm: raw.prewarm,
         start: raw.start,
+        access: Access::Open,
         refresh: Duration::from_secs(raw.refresh_seconds.unwrap_or(DEFAULT_REFRESH)),
     })
 }
@@ -672,6 +699,30 @@ mod tests {
         assert_eq!(catalog.datasets["coco"].start, Start::Ready);
         assert!(catalog.datasets["coco"].credentials.is_none());
         assert_eq!(catalog.datasets["coco"].refresh, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn once_one_dataset_has_access_rules_the_others_are_closed_unless_access_says() {
+        let ruled = GOOD.replace(
+            "start = \"lazy\"",
+            "start = \"lazy\"\nnamespaces = [\"ml\"]",
+        );
+        let catalog = parse(&ruled, env).unwrap();
+        assert!(matches!(
+            catalog.datasets["imagenet"].access,
+            Access::Rules(_)
+        ));
+        assert_eq!(catalog.datasets["coco"].access, Access::Closed);
+        let with_default = format!("{ruled}\n[access]\nservice_accounts = [\"ml/trainer\"]\n");
+        let catalog = parse(&with_default, env).unwrap();
+        assert!(matches!(catalog.datasets["coco"].access, Access::Rules(_)));
+        assert_eq!(
+            parse(GOOD, env).unwrap().datasets["coco"].access,
+            Access::Open
+        );
+        let bad = GOOD.replace("prewarm = true", "prewarm = true\nnamespaces = [\"ML\"]");
+        let problems = parse(&bad, env).err().unwrap();
+        assert!(problems[0].contains("\"ML\""), "{problems:?}");
     }
 
     #[test]

@@ -134,6 +134,17 @@ pub(crate) struct WarmRequest {
     /// Answer only when the hydration has finished (ready or failed).
     #[serde(default)]
     pub wait: bool,
+    /// The pod that asks, from the CSI plugin: checked against the dataset's access rules.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodIdentity>,
+}
+
+/// A pod as the kubelet names it to the CSI plugin.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PodIdentity {
+    pub namespace: String,
+    pub service_account: String,
 }
 
 /// `POST /v1/datasets/{name}/want`: a lazy view opens `key` of `snapshot`, which is being

@@ -477,3 +477,94 @@ fn a_restart_of_the_plugin_fails_lazy_reads_with_enotconn_and_a_restart_of_the_d
     assert_eq!(mounts_on(&target), 0);
     assert!(leases(&daemon).is_empty());
 }
+
+#[test]
+fn only_the_namespaces_and_service_accounts_a_dataset_allows_may_mount_it() {
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    let expected = files(&[("x.bin", content(71, 1000))]);
+    for prefix in ["team/", "shared/", "closed/"] {
+        server.seed(prefix, &expected);
+    }
+    let specs = [
+        DatasetSpec {
+            refresh_seconds: 3600,
+            extra: "namespaces = [\"team-a\"]\nservice_accounts = [\"research/trainer\"]",
+            ..dataset("team", "team/")
+        },
+        DatasetSpec {
+            refresh_seconds: 3600,
+            ..dataset("shared", "shared/")
+        },
+    ];
+    let text = catalog(dir.path(), &server.target, "1GiB", "", &specs).replace(
+        "[listen]\n",
+        "[access]\nnamespaces = [\"shared-ns\"]\n\n[listen]\nadmins = [\"uid:0\"]\n",
+    );
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    let csi = Csi::start(dir.path(), &daemon);
+    let publish = |id: &str, dataset: &str, namespace: &str, account: &str| {
+        let target = dir.path().join(format!("pods/{id}/mount"));
+        let attributes = [
+            ("csi.storage.k8s.io/pod.namespace", namespace),
+            ("csi.storage.k8s.io/serviceAccount.name", account),
+        ];
+        let vol = Volume {
+            attributes: &attributes,
+            ..volume(id, id, dataset, &target)
+        };
+        let mut answer = csi.publish(&vol);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while matches!(&answer, Err(s) if s.code() == tonic::Code::Unavailable) {
+            assert!(Instant::now() < deadline, "{answer:?}");
+            std::thread::sleep(Duration::from_millis(200));
+            answer = csi.publish(&vol);
+        }
+        (answer, target)
+    };
+    let denied = |answer: Result<(), tonic::Status>, needles: &[&str]| {
+        let status = answer.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+        for needle in needles {
+            assert!(status.message().contains(needle), "{needle}: {status:?}");
+        }
+    };
+
+    // The dataset's own rule: by namespace, or by service account.
+    let (allowed, target) = publish("v1", "team", "team-a", "default");
+    allowed.unwrap();
+    assert_eq!(read_tree(&target), expected);
+    let (by_account, _) = publish("v2", "team", "research", "trainer");
+    by_account.unwrap();
+    let (other, target) = publish("v3", "team", "team-c", "default");
+    denied(
+        other,
+        &[
+            "dataset team",
+            "\"team-c\"",
+            "team's rule",
+            "team-a",
+            "research/trainer",
+        ],
+    );
+    assert_eq!(mounts_on(&target), 0);
+    let (wrong_account, _) = publish("v4", "team", "research", "default");
+    denied(wrong_account, &["\"research\"", "\"default\""]);
+
+    // A dataset without rules falls back on [access].
+    let (shared, _) = publish("v5", "shared", "shared-ns", "default");
+    shared.unwrap();
+    let (not_shared, _) = publish("v6", "shared", "team-a", "default");
+    denied(
+        not_shared,
+        &["dataset shared", "[access] default", "shared-ns"],
+    );
+    assert_eq!(
+        leases(&daemon).len(),
+        3,
+        "only the allowed pods hold leases"
+    );
+    // Tokens and uids keep their scopes: the daemon's own clients are not pods.
+    let warmed = daemon.warm("team", &[]);
+    assert!(warmed.status.success(), "{warmed:?}");
+}

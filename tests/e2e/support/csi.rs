@@ -142,6 +142,8 @@ impl Csi {
             ("dataset", volume.dataset),
             ("csi.storage.k8s.io/pod.uid", volume.pod_uid),
             ("csi.storage.k8s.io/pod.name", "trainer-0"),
+            ("csi.storage.k8s.io/pod.namespace", "default"),
+            ("csi.storage.k8s.io/serviceAccount.name", "default"),
             ("csi.storage.k8s.io/ephemeral", "true"),
         ]
         .iter()
