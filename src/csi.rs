@@ -19,6 +19,7 @@ pub mod proto {
 mod lazy;
 mod plugin;
 mod service;
+mod target;
 mod volumes;
 
 use std::path::{Path, PathBuf};

@@ -15,20 +15,20 @@ use std::path::Path;
 
 use rustix::mount::{MountFlags, UnmountFlags};
 
-/// Mounts `source` on `target` (created if missing; its parent must exist), read-only.
+/// Mounts `source` on the directory `target`, read-only.
 pub(crate) fn bind_read_only(source: &Path, target: &Path) -> io::Result<()> {
-    match std::fs::create_dir(target) {
-        Err(err) if err.kind() != io::ErrorKind::AlreadyExists => return Err(err),
-        _ => {}
-    }
     rustix::mount::mount_bind(source, target)?;
-    let read_only = MountFlags::BIND | MountFlags::RDONLY;
-    if let Err(err) = rustix::mount::mount_remount(target, read_only, "") {
+    remount_read_only(target).inspect_err(|_| {
         // Never leave a writable view of the cache behind.
         let _ = unmount(target);
-        return Err(err.into());
-    }
-    Ok(())
+    })
+}
+
+/// Makes the bind mount whose root `mount_root` names read-only (this mount only, never the
+/// filesystem under it).
+pub(crate) fn remount_read_only(mount_root: &Path) -> io::Result<()> {
+    let read_only = MountFlags::BIND | MountFlags::RDONLY;
+    Ok(rustix::mount::mount_remount(mount_root, read_only, "")?)
 }
 
 pub(crate) fn unmount(target: &Path) -> io::Result<()> {

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use hyper::{Method, StatusCode};
 
+use super::target::Target;
 use crate::daemon::protocol::WantRequest;
 use crate::daemon_client::{explain, percent_encode, CallError, Client};
 use crate::engine::schedule::Wanted;
@@ -42,7 +43,7 @@ pub(crate) async fn publish(
     dataset: &str,
     snapshot: &str,
     dir: &Path,
-    target: &Path,
+    target: &Target,
 ) -> std::io::Result<()> {
     let parent = dir.parent().unwrap_or(dir);
     let file = parent.join(format!("{snapshot}.snapshot"));
@@ -66,12 +67,9 @@ pub(crate) async fn publish(
         runtime: tokio::runtime::Handle::current(),
     };
     let view = LazyView::new(Arc::new(tree), Arc::new(wants), Dest::open(dir)?, true);
-    match std::fs::create_dir(target) {
-        Err(err) if err.kind() != std::io::ErrorKind::AlreadyExists => return Err(err),
-        _ => {}
-    }
+    target.create_dir()?;
     let fsname = format!("hydrator:{dataset}");
-    let (_unmounter, _ended) = crate::mount::serve(view, target, fsname, true)
+    let (_unmounter, _ended) = crate::mount::serve(view, target.pin()?.path(), fsname, true)
         .await
         .map_err(|err| std::io::Error::other(err.to_string()))?;
     Ok(())

@@ -41,13 +41,14 @@ use super::proto::{
     volume_capability::AccessType, volume_usage, NodePublishVolumeRequest, VolumeCondition,
     VolumeUsage,
 };
+use super::target::Target;
 use super::volumes::{self, Volume, Volumes};
 use crate::daemon::catalog::Start;
 use crate::daemon::protocol::{
     DatasetStatus, Lease, LeaseRequest, PodIdentity, State, WarmRequest, UNTIL_RELEASED,
 };
 use crate::daemon_client::{explain, percent_encode, CallError, Client};
-use crate::mounts::{self, Mounted};
+use crate::mounts::Mounted;
 use crate::units::human_bytes;
 
 /// The volume attribute naming the catalog dataset.
@@ -66,7 +67,7 @@ pub(crate) struct Plugin {
     volumes: Volumes,
     /// The kubelet's pods directory: every target lies under it.
     pods_dir: PathBuf,
-    /// One lock per volume id seen in this process's life: calls for a volume take turns.
+    /// One lock per volume id being published or unpublished: calls for a volume take turns.
     turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Whether the lazy views left by a previous life were looked for.
     found_dead_views: AtomicBool,
@@ -202,6 +203,19 @@ impl Plugin {
         lock.lock_owned().await
     }
 
+    /// Drops the lock of volume `id` once no call but this one holds or waits for it, so the
+    /// table does not grow with every volume ever seen.
+    fn forget_turn(&self, id: &str) {
+        let mut turns = self.turns.lock().expect("turns lock");
+        // The table's reference and the caller's guard: nobody else has it.
+        if turns
+            .get(id)
+            .is_some_and(|lock| Arc::strong_count(lock) == 2)
+        {
+            turns.remove(id);
+        }
+    }
+
     /// The volume's record; one that cannot be read is logged and dropped (the volume is then
     /// published or unpublished afresh).
     fn record(&self, id: &str) -> Option<Volume> {
@@ -215,8 +229,22 @@ impl Plugin {
     pub(crate) async fn publish(&self, request: &NodePublishVolumeRequest) -> Result<(), Status> {
         let ask = Ask::parse(request, &self.pods_dir)?;
         let _turn = self.turn(&ask.id).await;
-        if let Some(published) = self.record(&ask.id).filter(|p| p.target == ask.target) {
-            match mounts::mounted(&ask.target).map_err(local)? {
+        let target = Target::open(&self.pods_dir, &ask.target)
+            .and_then(|target| target.check().map(|()| target))
+            .map_err(local)?;
+        let record = self.record(&ask.id);
+        // One lease per volume id: a second target would share it, and lose it with either.
+        if let Some(elsewhere) = record.as_ref().filter(|p| p.target != ask.target) {
+            if self.mounted(&elsewhere.target).map_err(local)? != Mounted::No {
+                return Err(Status::already_exists(format!(
+                    "volume {} is already published at {}",
+                    ask.id,
+                    elsewhere.target.display()
+                )));
+            }
+        }
+        if let Some(published) = record.filter(|p| p.target == ask.target) {
+            match target.mounted().map_err(local)? {
                 Mounted::ReadOnly if published.dataset == ask.dataset => return Ok(()),
                 Mounted::ReadOnly => {
                     return Err(Status::already_exists(format!(
@@ -225,7 +253,7 @@ impl Plugin {
                     )))
                 }
                 // A publish cut short between its bind and its read-only remount.
-                Mounted::Writable => mounts::unmount(&ask.target).map_err(local)?,
+                Mounted::Writable => target.unmount().map_err(local)?,
                 Mounted::No => {}
             }
         }
@@ -245,16 +273,9 @@ impl Plugin {
         let mounted = match volume.lazy {
             true => {
                 let client = self.client.clone();
-                lazy::publish(
-                    client,
-                    &volume.dataset,
-                    &volume.snapshot,
-                    &dir,
-                    &volume.target,
-                )
-                .await
+                lazy::publish(client, &volume.dataset, &volume.snapshot, &dir, &target).await
             }
-            false => mounts::bind_read_only(&dir, &volume.target),
+            false => target.bind_read_only(&dir),
         };
         mounted.map_err(|err| {
             Status::internal(format!(
@@ -296,19 +317,20 @@ impl Plugin {
                 target.display()
             )));
         }
-        while mounts::mounted(target).map_err(local)? != Mounted::No {
-            mounts::unmount(target).map_err(|err| {
-                Status::internal(format!("unmounting {}: {err}", target.display()))
-            })?;
-        }
-        match std::fs::remove_dir(target) {
-            Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
-                return Err(Status::internal(format!(
-                    "removing {}: {err}",
-                    target.display()
-                )))
+        match Target::open(&self.pods_dir, target) {
+            Ok(target) => {
+                while target.mounted().map_err(local)? != Mounted::No {
+                    target.unmount().map_err(|err| {
+                        Status::internal(format!("unmounting {}: {err}", target.path().display()))
+                    })?;
+                }
+                target.remove_dir().map_err(|err| {
+                    Status::internal(format!("removing {}: {err}", target.path().display()))
+                })?;
             }
-            _ => {}
+            // Its parent is gone: nothing is mounted there.
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(err) => return Err(local(err)),
         }
         self.serving_mut().remove(id);
         if let Some(volume) = record {
@@ -316,6 +338,7 @@ impl Plugin {
             self.volumes.remove(id).map_err(local)?;
             tracing::info!(volume = %id, "unpublished {} from {}", volume.dataset, target.display());
         }
+        self.forget_turn(id);
         Ok(())
     }
 
@@ -340,7 +363,7 @@ impl Plugin {
             let Some(volume) = self.record(&volume.id) else {
                 continue; // unpublished meanwhile
             };
-            let outcome = match mounts::mounted(&volume.target) {
+            let outcome = match self.mounted(&volume.target) {
                 Ok(Mounted::No) => match self.release(&volume).await {
                     Ok(()) => self.volumes.remove(&volume.id).map_err(local),
                     Err(status) => Err(status),
@@ -355,6 +378,15 @@ impl Plugin {
                     return;
                 }
             }
+        }
+    }
+
+    /// What is mounted on a recorded target (nothing when its parent is gone).
+    fn mounted(&self, target: &Path) -> std::io::Result<Mounted> {
+        match Target::open(&self.pods_dir, target) {
+            Ok(target) => target.mounted(),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(Mounted::No),
+            Err(err) => Err(err),
         }
     }
 
@@ -442,7 +474,9 @@ impl Plugin {
                 Ok(None) => continue,
                 Err(status) => return tracing::debug!("settling: {}", status.message()),
             };
-            match mounts::bind_read_only(&dir, &volume.target) {
+            let bound = Target::open(&self.pods_dir, &volume.target)
+                .and_then(|target| target.bind_read_only(&dir));
+            match bound {
                 Ok(()) => {
                     self.serving_mut().insert(id.clone(), true);
                     tracing::info!(
@@ -482,7 +516,7 @@ impl Plugin {
             return;
         }
         for volume in recorded.iter().filter(|v| v.lazy) {
-            if !matches!(mounts::mounted(&volume.target), Ok(Mounted::No)) {
+            if !matches!(self.mounted(&volume.target), Ok(Mounted::No)) {
                 tracing::error!(
                     volume = %volume.id,
                     "the lazy view of {} at {} ended with the plugin's previous run: its pod's reads fail (ENOTCONN) until the pod is restarted",

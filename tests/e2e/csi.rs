@@ -568,3 +568,98 @@ fn only_the_namespaces_and_service_accounts_a_dataset_allows_may_mount_it() {
     let warmed = daemon.warm("team", &[]);
     assert!(warmed.status.success(), "{warmed:?}");
 }
+
+#[test]
+fn symlinks_in_the_pods_directory_never_lead_a_mount_an_unmount_or_a_removal_outside_it() {
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    server.seed("s/", &files(&[("x.bin", content(91, 100))]));
+    let daemon = Daemon::start(
+        dir.path(),
+        &server.target,
+        &csi_catalog(dir.path(), &server, "1GiB", &["s"]),
+    );
+    let csi = Csi::start(dir.path(), &daemon);
+    let outside = dir.path().join("outside");
+    std::fs::create_dir_all(outside.join("etc")).unwrap();
+    std::fs::write(outside.join("etc/passwd"), b"keep").unwrap();
+    let pods = dir.path().join("pods");
+    std::fs::create_dir_all(pods.join("uid-1/volumes")).unwrap();
+    let refused = |answer: Result<(), tonic::Status>| {
+        let status = answer.expect_err("refused");
+        assert_ne!(status.code(), tonic::Code::Ok);
+        status
+    };
+
+    // The target itself is a symlink to a directory outside.
+    let linked = pods.join("uid-1/volumes/mount");
+    std::os::unix::fs::symlink(outside.join("etc"), &linked).unwrap();
+    let status = refused(csi.publish(&volume("vol-1", "uid-1", "s", &linked)));
+    assert!(status.message().contains("symlink"), "{status:?}");
+    assert_eq!(
+        mounts_on(&outside.join("etc")),
+        0,
+        "nothing mounted over it"
+    );
+
+    // A directory on the way is a symlink.
+    std::os::unix::fs::symlink(&outside, pods.join("uid-2")).unwrap();
+    let through = pods.join("uid-2/etc");
+    let status = refused(csi.publish(&volume("vol-2", "uid-2", "s", &through)));
+    assert!(status.message().contains("symlink"), "{status:?}");
+    assert_eq!(mounts_on(&outside.join("etc")), 0);
+
+    // Unpublishing through symlinks unmounts nothing and removes nothing outside.
+    let tmpfs = outside.join("tmpfs");
+    std::fs::create_dir(&tmpfs).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "tmpfs"])
+        .arg(&tmpfs)
+        .status()
+        .unwrap();
+    assert!(mounted.success());
+    std::os::unix::fs::symlink(&tmpfs, pods.join("uid-1/volumes/tmp")).unwrap();
+    let _ = csi.unpublish("vol-3", &pods.join("uid-1/volumes/tmp"));
+    let _ = csi.unpublish("vol-4", &pods.join("uid-2/tmpfs"));
+    let _ = csi.unpublish("vol-5", &through);
+    assert_eq!(mounts_on(&tmpfs), 1, "the tmpfs outside stays mounted");
+    assert!(
+        outside.join("etc/passwd").exists(),
+        "nothing removed outside"
+    );
+    let _ = std::process::Command::new("umount").arg(&tmpfs).status();
+}
+
+#[test]
+fn one_volume_id_is_published_at_one_target_and_keeps_its_lease() {
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    let expected = files(&[("x.bin", content(95, 1000))]);
+    server.seed("one/", &expected);
+    let daemon = Daemon::start(
+        dir.path(),
+        &server.target,
+        &csi_catalog(dir.path(), &server, "1GiB", &["one"]),
+    );
+    let csi = Csi::start(dir.path(), &daemon);
+    let first = dir.path().join("pods/uid-1/a/mount");
+    let second = dir.path().join("pods/uid-1/b/mount");
+    csi.publish_when_ready(&volume("vol-1", "uid-1", "one", &first));
+    std::fs::create_dir_all(second.parent().unwrap()).unwrap();
+    let status = csi
+        .publish(&volume("vol-1", "uid-1", "one", &second))
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::AlreadyExists, "{status:?}");
+    assert!(
+        status.message().contains("already published at"),
+        "{status:?}"
+    );
+    assert_eq!(mounts_on(&second), 0);
+    // Unpublishing the target it was refused at leaves the first mount and its lease alone.
+    let wrong = csi.unpublish("vol-1", &second).unwrap_err();
+    assert_eq!(wrong.code(), tonic::Code::FailedPrecondition, "{wrong:?}");
+    assert_eq!(leases(&daemon).len(), 1);
+    assert_eq!(read_tree(&first), expected);
+    csi.unpublish("vol-1", &first).unwrap();
+    assert!(leases(&daemon).is_empty());
+}
