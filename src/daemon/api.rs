@@ -52,7 +52,37 @@ pub(crate) fn router(daemon: Arc<Daemon>, require_token: bool) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .merge(v1)
+        .layer(middleware::from_fn_with_state(daemon.clone(), body_in_time))
         .with_state(daemon)
+}
+
+/// The largest request body taken (every request's is a small JSON object).
+const MAX_BODY: usize = 64 << 10;
+
+/// Reads the whole request body within the header timeout before the handler runs: a caller
+/// that sends a header and then nothing (or a trickle) is answered 408 and cut off, and cannot
+/// hold the connection.
+async fn body_in_time(State(daemon): Shared, request: Request, next: Next) -> Response {
+    let limit = daemon.catalog().listen.header_timeout;
+    let (parts, body) = request.into_parts();
+    let read = tokio::time::timeout(limit, axum::body::to_bytes(body, MAX_BODY)).await;
+    let closing = |status: StatusCode, why: &str| {
+        let mut response = error(status, why);
+        let close = HeaderValue::from_static("close");
+        response.headers_mut().insert(header::CONNECTION, close);
+        response
+    };
+    match read {
+        Ok(Ok(bytes)) => next.run(Request::from_parts(parts, bytes.into())).await,
+        Ok(Err(_)) => closing(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "the request body is too large or broken",
+        ),
+        Err(_) => closing(
+            StatusCode::REQUEST_TIMEOUT,
+            "the request body did not arrive in time",
+        ),
+    }
 }
 
 /// An error answer: a status and a JSON body naming the problem.

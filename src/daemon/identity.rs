@@ -81,6 +81,11 @@ pub(crate) trait Peer {
     /// The caller on this connection, when the transport tells (the socket does; TCP callers
     /// are named by their token).
     fn caller(&self) -> Option<Caller>;
+
+    /// Whom the connection counts against for the per-caller cap: a socket peer's uid, a TCP
+    /// peer's address; `None` for root on the socket and loopback TCP (the CSI plugin and
+    /// other node components), which always find room.
+    fn counted_as(&self) -> Option<String>;
 }
 
 impl Peer for tokio::net::UnixStream {
@@ -93,11 +98,28 @@ impl Peer for tokio::net::UnixStream {
             }
         })
     }
+
+    fn counted_as(&self) -> Option<String> {
+        match self.peer_cred().map(|c| c.uid()) {
+            Ok(0) => None,
+            Ok(uid) => Some(format!("uid:{uid}")),
+            Err(_) => Some("uid:unknown".into()),
+        }
+    }
 }
 
 impl Peer for tokio::net::TcpStream {
     fn caller(&self) -> Option<Caller> {
         None
+    }
+
+    fn counted_as(&self) -> Option<String> {
+        match self.peer_addr() {
+            Ok(addr) if addr.ip() == std::net::Ipv4Addr::LOCALHOST => None,
+            Ok(addr) if addr.ip() == std::net::Ipv6Addr::LOCALHOST => None,
+            Ok(addr) => Some(addr.ip().to_string()),
+            Err(_) => Some("unknown".into()),
+        }
     }
 }
 

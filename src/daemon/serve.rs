@@ -1,8 +1,14 @@
-//! The API's HTTP server, built for a node where any pod may open a connection: at most
-//! [`MAX_CONNECTIONS`] are served at once (the rest wait in the kernel's backlog), and a
-//! connection whose request header has not fully arrived within the header timeout (also an
-//! idle keep-alive connection) is closed. So half-sent or silent connections cannot pile up and
-//! hold the daemon's descriptors.
+//! The API's HTTP server, built for a node where any pod may open a connection, so that no
+//! caller can hold it:
+//! - at most [`MAX_CONNECTIONS`] are served at once (the rest wait in the kernel's backlog), and
+//!   at most [`MAX_PER_CALLER`] of one caller (a socket peer's uid, a TCP peer's address): the
+//!   next is closed at once. Root on the socket and loopback TCP (the CSI plugin beside the
+//!   daemon) are not counted, so they always find room;
+//! - a connection whose request header has not fully arrived within the header timeout (also an
+//!   idle keep-alive connection) is closed, and so is one whose body does not arrive within it
+//!   ([`super::api`]) or that does not read its answers within it ([`DeadlineIo`]): a caller
+//!   that pipelines requests and never reads is cut off when its socket buffer is full;
+//! - a connection serves at most [`MAX_REQUESTS_PER_CONNECTION`] requests, then closes.
 //!
 //! Each connection's requests carry its caller when the transport names one (the socket
 //! peer's uid); TCP callers are named later, by their token.
@@ -10,13 +16,21 @@
 //! On stop it accepts no more, asks every connection to finish the request in progress and
 //! close, and returns when they have.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use axum::http::{header, HeaderValue};
+use axum::response::Response;
 use axum::serve::Listener;
 use axum::{Extension, Router};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
@@ -24,6 +38,10 @@ use super::identity::Peer;
 
 /// Connections served at once per listener.
 pub(crate) const MAX_CONNECTIONS: usize = 512;
+/// Connections of one caller served at once per listener.
+pub(crate) const MAX_PER_CALLER: usize = 64;
+/// Requests one connection may make before it is closed.
+pub(crate) const MAX_REQUESTS_PER_CONNECTION: usize = 1000;
 
 /// Serves `app` on `listener` until `stop` turns true.
 pub(crate) async fn serve<L>(
@@ -36,6 +54,7 @@ pub(crate) async fn serve<L>(
     L::Io: Peer,
 {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let per_caller = PerCaller::default();
     let mut connections = JoinSet::new();
     loop {
         let slot = tokio::select! {
@@ -46,14 +65,28 @@ pub(crate) async fn serve<L>(
             accepted = listener.accept() => accepted,
             _ = stop.wait_for(|stop| *stop) => break,
         };
+        let Some(turn) = per_caller.enter(io.counted_as()) else {
+            continue; // dropped: closed at once
+        };
         let app = match io.caller() {
             Some(caller) => app.clone().layer(Extension(caller)),
             None => app.clone(),
         };
+        let served = Arc::new(AtomicUsize::new(0));
+        let app = app.layer(axum::middleware::map_response(
+            move |mut response: Response| {
+                if served.fetch_add(1, Relaxed) + 1 >= MAX_REQUESTS_PER_CONNECTION {
+                    let close = HeaderValue::from_static("close");
+                    response.headers_mut().insert(header::CONNECTION, close);
+                }
+                std::future::ready(response)
+            },
+        ));
         let service = TowerToHyperService::new(app);
         let mut stop = stop.clone();
         connections.spawn(async move {
-            let _slot = slot;
+            let (_slot, _turn) = (slot, turn);
+            let io = DeadlineIo::new(io, header_timeout);
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(header_timeout)
@@ -68,4 +101,119 @@ pub(crate) async fn serve<L>(
         while connections.try_join_next().is_some() {}
     }
     while connections.join_next().await.is_some() {}
+}
+
+/// Connections in service per caller.
+#[derive(Clone, Default)]
+struct PerCaller(Arc<Mutex<HashMap<String, usize>>>);
+
+/// One connection's place in its caller's count, given back when dropped.
+struct Turn {
+    counts: PerCaller,
+    caller: Option<String>,
+}
+
+impl PerCaller {
+    /// A place for a connection of `caller` (`None`: not counted), unless it has its fill.
+    fn enter(&self, caller: Option<String>) -> Option<Turn> {
+        if let Some(caller) = &caller {
+            let mut counts = self.0.lock().expect("per-caller lock");
+            let count = counts.entry(caller.clone()).or_default();
+            if *count >= MAX_PER_CALLER {
+                return None;
+            }
+            *count += 1;
+        }
+        Some(Turn {
+            counts: self.clone(),
+            caller,
+        })
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        if let Some(caller) = &self.caller {
+            let mut counts = self.counts.0.lock().expect("per-caller lock");
+            if let Some(count) = counts.get_mut(caller) {
+                *count -= 1;
+                if *count == 0 {
+                    counts.remove(caller);
+                }
+            }
+        }
+    }
+}
+
+/// A connection whose writes fail once they have waited `limit` for the peer to read: an answer
+/// nobody reads cannot hold the connection.
+pub(crate) struct DeadlineIo<T> {
+    inner: T,
+    limit: Duration,
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<T> DeadlineIo<T> {
+    pub(crate) fn new(inner: T, limit: Duration) -> Self {
+        Self {
+            inner,
+            limit,
+            stalled: None,
+        }
+    }
+
+    /// After a write that could not go on: an error once it has waited too long.
+    fn waited(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let limit = self.limit;
+        let stalled = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match stalled.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the peer does not read its answers",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for DeadlineIo<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for DeadlineIo<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match Pin::new(&mut self.inner).poll_write(cx, buf) {
+            Poll::Pending => self.waited(cx).map(|r| r.map(|()| 0)),
+            done => {
+                self.stalled = None;
+                done
+            }
+        }
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match Pin::new(&mut self.inner).poll_flush(cx) {
+            Poll::Pending => self.waited(cx),
+            done => {
+                self.stalled = None;
+                done
+            }
+        }
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }

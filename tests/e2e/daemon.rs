@@ -1123,3 +1123,134 @@ fn the_catalogs_bandwidth_cap_paces_hydrations_and_the_metrics_say_so() {
     assert!(waited > 0.5, "rate-limited seconds {waited}");
     eprintln!("16 MiB at 8MiB: {took:?}, {waited:.2} s waited (summed over requests)");
 }
+
+/// Opens `count` connections and holds them for a minute, printing `ready` once they are open.
+/// `unix:PATH`: each sends a whole header announcing a body that never comes. `tcp:HOST:PORT`
+/// (from 127.0.0.2): each pipelines GET /metrics and never reads an answer.
+const HOLDER: &str = r#"
+import socket, sys, time
+target, count = sys.argv[1], int(sys.argv[2])
+held = []
+for _ in range(count):
+    try:
+        if target.startswith("unix:"):
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(target[5:])
+            s.sendall(b"POST /v1/datasets/h/warm HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
+        else:
+            host, port = target[4:].rsplit(":", 1)
+            s = socket.socket()
+            s.bind(("127.0.0.2", 0))
+            s.connect((host, int(port)))
+            s.setblocking(False)
+            try:
+                s.send(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 3000)
+            except BlockingIOError:
+                pass
+        held.append(s)
+    except OSError:
+        pass
+print("ready", len(held), flush=True)
+time.sleep(60)
+"#;
+
+/// Runs the holder (as `uid`, through setpriv) until it says it holds its connections.
+fn hold(target: &str, count: usize, uid: Option<u32>) -> std::process::Child {
+    use std::io::BufRead;
+    let mut command = match uid {
+        Some(uid) => {
+            let mut command = std::process::Command::new("setpriv");
+            command.args([
+                &format!("--reuid={uid}"),
+                &format!("--regid={uid}"),
+                "--clear-groups",
+                // Debian's: the uid may not reach a per-user Python.
+                "/usr/bin/python3",
+            ]);
+            command
+        }
+        None => std::process::Command::new("python3"),
+    };
+    let mut child = command
+        .args(["-c", HOLDER, target, &count.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.starts_with("ready"), "{line:?}");
+    child
+}
+
+/// The answer to `ask` within `limit`, or `None` (a daemon that is held answers no one).
+fn within<T: Send + 'static>(
+    limit: Duration,
+    ask: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let (tell, told) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tell.send(ask());
+    });
+    told.recv_timeout(limit).ok()
+}
+
+#[test]
+fn one_uid_or_one_address_cannot_hold_the_api_with_bodies_that_never_come_or_answers_never_read() {
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    let text = catalog(
+        dir.path(),
+        &server.target,
+        "1GiB",
+        "",
+        &[dataset("h", "h/")],
+    )
+    .replace(
+        "[listen]\n",
+        "[listen]\nheader_timeout_seconds = 2\nsocket_mode = \"0666\"\n",
+    );
+    let daemon = std::sync::Arc::new(Daemon::start(dir.path(), &server.target, &text));
+    raise_open_file_limit(4096);
+    // The socket's directory is opened to the other uid.
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+
+    // 520 connections of uid 65534, each with a header and a body that never comes.
+    let socket = format!("unix:{}", daemon.socket.display());
+    let mut holder = hold(&socket, 520, Some(65534));
+    let asker = daemon.clone();
+    let answer = within(Duration::from_secs(5), move || {
+        asker.request("GET", "/v1/datasets", "").0
+    });
+    assert_eq!(answer, Some(200), "another caller is answered at once");
+    let _ = holder.kill();
+    let _ = holder.wait();
+
+    // 520 TCP connections from one address, pipelining requests and never reading.
+    let tcp = format!("tcp:{}", daemon.tcp_addr());
+    let mut holder = hold(&tcp, 520, None);
+    let asker = daemon.clone();
+    let answer = within(Duration::from_secs(5), move || {
+        asker.tcp_request("GET", "/healthz", "", TOKEN).0
+    });
+    assert_eq!(answer, Some(200), "the probe is answered");
+    // The connections that never read are cut off once their answers wait past the timeout.
+    let pid = daemon.child.id();
+    wait_until(
+        "the held connections are closed",
+        Duration::from_secs(20),
+        || {
+            std::fs::read_dir(format!("/proc/{pid}/fd"))
+                .unwrap()
+                .count()
+                < 200
+        },
+    );
+    let _ = holder.kill();
+    let _ = holder.wait();
+}

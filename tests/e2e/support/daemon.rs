@@ -143,7 +143,7 @@ impl Daemon {
     }
 
     /// The TCP address the daemon logged (it binds port 0).
-    fn tcp_addr(&self) -> String {
+    pub fn tcp_addr(&self) -> String {
         let log = self.log();
         let line = log
             .lines()
