@@ -118,7 +118,7 @@ impl Daemon {
             bytes_fetched_running: running,
             capacity: catalog.cache.quota,
             datasets_by_state: by_state,
-            leases: registry.leases.len(),
+            leases: registry.live_leases(registry::now_unix()).count(),
             s3_requests: &requests,
             io_backend: &self.io_backend,
             rate_limited_seconds: self.budget.rates.waited_seconds(),

@@ -310,6 +310,13 @@ async fn want(
     }
 }
 
+/// A character a holder name may not hold: controls, and the invisible ones that make two names
+/// look alike or reorder what is printed (zero-width, bidi overrides and isolates).
+fn unprintable(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}')
+}
+
 /// A warm answer's code: 200 ready (also stale), 500 failed, 202 still hydrating.
 fn warm_code(state: DatasetState) -> StatusCode {
     match state {
@@ -332,7 +339,7 @@ async fn take_lease(
     if let Err(response) = check_dataset(&daemon, &caller, &name) {
         return *response;
     }
-    if holder.is_empty() || holder.len() > MAX_HOLDER_LEN || holder.chars().any(char::is_control) {
+    if holder.is_empty() || holder.len() > MAX_HOLDER_LEN || holder.chars().any(unprintable) {
         return error(
             StatusCode::BAD_REQUEST,
             format!("a lease holder is 1 to {MAX_HOLDER_LEN} printable characters"),
@@ -362,17 +369,31 @@ async fn take_lease(
             registry::now_unix().saturating_add(ttl)
         }
     };
-    let taken = daemon.registry().lease(
-        &name,
-        &holder,
-        request.snapshot.as_deref(),
-        expires_at,
-        &ask,
-    );
+    let key = (name.clone(), holder.clone());
+    let (before, taken) = {
+        let mut registry = daemon.registry();
+        let before = registry.leases.get(&key).cloned();
+        let taken = registry.lease(
+            &name,
+            &holder,
+            request.snapshot.as_deref(),
+            expires_at,
+            &ask,
+        );
+        (before, taken)
+    };
     match taken {
         Ok(lease) => match saved(&daemon).await {
             Ok(()) => Json(lease).into_response(),
-            Err(response) => response,
+            // Not saved, not in effect: what held before holds again.
+            Err(response) => {
+                let mut registry = daemon.registry();
+                match before {
+                    Some(before) => registry.leases.insert(key, before),
+                    None => registry.leases.remove(&key),
+                };
+                response
+            }
         },
         Err(refused) => lease_refused(&name, &holder, refused),
     }
@@ -403,6 +424,7 @@ fn lease_ask<'a>(daemon: &Daemon, caller: &'a Caller) -> LeaseAsk<'a> {
         caller,
         admin: catalog.listen.admins.contains(&caller.identity),
         cap: catalog.cache.max_leases_per_dataset,
+        per_identity: catalog.cache.max_leases_per_identity,
         now: registry::now_unix(),
     }
 }
@@ -413,7 +435,7 @@ async fn saved(daemon: &Daemon) -> Result<(), Response> {
     daemon.state_durable(generation).await.map_err(|err| {
         error(
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!("the lease changed but saving the daemon state failed: {err}"),
+            format!("saving the daemon state failed, so the lease change is not in effect (what held before holds): {err}"),
         )
     })
 }
@@ -434,7 +456,11 @@ fn lease_refused(name: &str, holder: &str, refused: LeaseRefused) -> Response {
         ),
         LeaseRefused::TooMany { cap } => error(
             StatusCode::TOO_MANY_REQUESTS,
-            format!("dataset {name:?} holds {cap} leases, the most the catalog allows (cache.max_leases_per_dataset)"),
+            format!("dataset {name:?} holds {cap} leases, the most the catalog allows to this caller (cache.max_leases_per_dataset; its last quarter is kept for admins)"),
+        ),
+        LeaseRefused::TooManyOfYours { cap } => error(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!("{holder:?}: this identity holds {cap} leases on {name:?}, the most one identity may (cache.max_leases_per_identity)"),
         ),
         LeaseRefused::NotHeld => error(
             StatusCode::NOT_FOUND,
@@ -446,8 +472,7 @@ fn lease_refused(name: &str, holder: &str, refused: LeaseRefused) -> Response {
 async fn leases(State(daemon): Shared, caller: Extension<Caller>) -> Response {
     let leases: Vec<_> = daemon
         .registry()
-        .leases
-        .values()
+        .live_leases(registry::now_unix())
         .filter(|lease| caller.may_use(&lease.dataset))
         .cloned()
         .collect();

@@ -28,6 +28,8 @@ const DEFAULT_REFRESH: u64 = 60;
 const DEFAULT_MAINTENANCE_INTERVAL: u64 = 30;
 /// Leases one dataset may hold at once: more than the pods a node runs by default (110).
 const DEFAULT_MAX_LEASES_PER_DATASET: usize = 256;
+/// Leases of one dataset one identity may hold: still more than a node's pods.
+const DEFAULT_MAX_LEASES_PER_IDENTITY: usize = 128;
 /// The identity of the token read from `listen.token_file`.
 const DEFAULT_TOKEN_NAME: &str = "default";
 
@@ -62,6 +64,8 @@ struct RawCache {
     maintenance_interval_seconds: Option<u64>,
     #[serde(default)]
     max_leases_per_dataset: Option<usize>,
+    #[serde(default)]
+    max_leases_per_identity: Option<usize>,
     max_bandwidth: Option<String>,
     max_requests_per_second: Option<f64>,
 }
@@ -161,6 +165,8 @@ pub(crate) struct Cache {
     pub maintenance_interval: Duration,
     /// Leases one dataset may hold; more are refused.
     pub max_leases_per_dataset: usize,
+    /// Leases of one dataset one (non-admin) identity may hold at once.
+    pub max_leases_per_identity: usize,
     /// Bytes a second all hydrations together may receive.
     pub max_bandwidth: Option<u64>,
     /// GETs a second all hydrations together may send.
@@ -387,6 +393,12 @@ fn cache(raw: RawCache, problems: &mut Vec<String>) -> Cache {
     if max_leases_per_dataset == 0 {
         problems.push("cache.max_leases_per_dataset must be at least 1".into());
     }
+    let max_leases_per_identity = raw
+        .max_leases_per_identity
+        .unwrap_or(DEFAULT_MAX_LEASES_PER_IDENTITY);
+    if max_leases_per_identity == 0 {
+        problems.push("cache.max_leases_per_identity must be at least 1".into());
+    }
     Cache {
         root: raw.root,
         quota,
@@ -402,6 +414,7 @@ fn cache(raw: RawCache, problems: &mut Vec<String>) -> Cache {
             problems,
         ),
         max_leases_per_dataset,
+        max_leases_per_identity,
         max_bandwidth: raw
             .max_bandwidth
             .map(|rate| size("cache.max_bandwidth", &rate, problems))

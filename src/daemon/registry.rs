@@ -175,8 +175,12 @@ pub(crate) enum LeaseRefused {
     NotOwner {
         owner: String,
     },
-    /// The dataset holds the most leases the catalog allows.
+    /// The dataset holds the most leases the catalog allows (to this caller).
     TooMany {
+        cap: usize,
+    },
+    /// The caller holds the most leases of this dataset one identity may.
+    TooManyOfYours {
         cap: usize,
     },
     NotHeld,
@@ -189,6 +193,8 @@ pub(crate) struct LeaseAsk<'a> {
     pub admin: bool,
     /// The most leases one dataset may hold.
     pub cap: usize,
+    /// The most leases of one dataset one identity may hold (admins are not bound by it).
+    pub per_identity: usize,
     /// Unix seconds: leases that expired by then count as gone.
     pub now: u64,
 }
@@ -306,8 +312,28 @@ impl Registry {
         let held = self.leases.get(&key).filter(|l| l.expires_at > ask.now);
         if let Some(lease) = held {
             ask.may_renew(lease)?;
-        } else if self.live_leases_of(name, ask.now).count() >= ask.cap {
-            return Err(LeaseRefused::TooMany { cap: ask.cap });
+        } else {
+            // The last quarter of a dataset's leases is kept for admins (the CSI plugin), and
+            // one identity holds at most its share: no one tenant can lock the others out.
+            let live = self.live_leases_of(name, ask.now);
+            let (all, mine) = live.fold((0, 0), |(all, mine), lease| {
+                (
+                    all + 1,
+                    mine + usize::from(lease.owner == ask.caller.identity),
+                )
+            });
+            let cap = match ask.admin {
+                true => ask.cap,
+                false => ask.cap - ask.cap / 4,
+            };
+            if all >= cap {
+                return Err(LeaseRefused::TooMany { cap });
+            }
+            if !ask.admin && mine >= ask.per_identity {
+                return Err(LeaseRefused::TooManyOfYours {
+                    cap: ask.per_identity,
+                });
+            }
         }
         // An admin renewing keeps the owner, unless it makes the lease last until released
         // (the CSI plugin pinning a mount: nobody else may then shorten or drop it); an unowned
@@ -357,6 +383,14 @@ impl Registry {
         Ok(self.leases.remove(&key).expect("checked above"))
     }
 
+    /// The leases that have not expired by `now`: an expired one is gone at once for every
+    /// reader, before maintenance drops it.
+    pub(crate) fn live_leases(&self, now: u64) -> impl Iterator<Item = &Lease> {
+        self.leases
+            .values()
+            .filter(move |lease| lease.expires_at > now)
+    }
+
     /// The leases on `name` that have not expired by `now`.
     fn live_leases_of<'a>(
         &'a self,
@@ -385,8 +419,9 @@ impl Registry {
                 last_used.insert(format!("{name}/{digest}"), ready.last_used);
             }
         }
+        let now = now_unix();
         Persisted {
-            leases: self.leases.values().cloned().collect(),
+            leases: self.live_leases(now).cloned().collect(),
             last_used,
         }
     }
@@ -470,8 +505,81 @@ mod tests {
             caller,
             admin: false,
             cap: 2,
+            per_identity: 2,
             now: 0,
         }
+    }
+
+    #[test]
+    fn a_quarter_of_a_datasets_leases_is_kept_for_admins_and_one_identity_holds_its_share() {
+        let mut registry = registry_with_ready();
+        let (tenant, other, plugin) = (Caller::uid(1000), Caller::uid(2000), Caller::uid(0));
+        let ask = |caller, admin| LeaseAsk {
+            caller,
+            admin,
+            cap: 8,
+            per_identity: 4,
+            now: 0,
+        };
+        for i in 0..4 {
+            registry
+                .lease("ds", &format!("t{i}"), None, 9, &ask(&tenant, false))
+                .unwrap();
+        }
+        assert_eq!(
+            registry.lease("ds", "t4", None, 9, &ask(&tenant, false)),
+            Err(LeaseRefused::TooManyOfYours { cap: 4 })
+        );
+        for i in 0..2 {
+            registry
+                .lease("ds", &format!("o{i}"), None, 9, &ask(&other, false))
+                .unwrap();
+        }
+        assert_eq!(
+            registry.lease("ds", "o2", None, 9, &ask(&other, false)),
+            Err(LeaseRefused::TooMany { cap: 6 }),
+            "the last quarter is for admins"
+        );
+        registry
+            .lease("ds", "csi-1", None, 9, &ask(&plugin, true))
+            .unwrap();
+        registry
+            .lease("ds", "csi-2", None, 9, &ask(&plugin, true))
+            .unwrap();
+        assert_eq!(
+            registry.lease("ds", "csi-3", None, 9, &ask(&plugin, true)),
+            Err(LeaseRefused::TooMany { cap: 8 })
+        );
+    }
+
+    #[test]
+    fn an_expired_lease_is_neither_listed_nor_saved() {
+        let mut registry = registry_with_ready();
+        let me = Caller::uid(1000);
+        let now = now_unix();
+        let ask = LeaseAsk { now, ..ask(&me) };
+        registry.lease("ds", "gone", None, now + 1, &ask).unwrap();
+        registry
+            .lease("ds", "kept", None, now + 3600, &ask)
+            .unwrap();
+        let later = now + 2;
+        let live: Vec<_> = registry
+            .live_leases(later)
+            .map(|l| l.holder.clone())
+            .collect();
+        assert_eq!(live, ["kept"]);
+        registry
+            .leases
+            .get_mut(&("ds".into(), "gone".into()))
+            .unwrap()
+            .expires_at = now - 1;
+        let saved: Vec<_> = registry
+            .persisted()
+            .leases
+            .into_iter()
+            .map(|l| l.holder)
+            .collect();
+        assert_eq!(saved, ["kept"]);
     }
 
     #[test]

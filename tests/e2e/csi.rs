@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::support::csi::{mounts_on, volume, Csi, Volume};
-use crate::support::daemon::{catalog, dataset, Daemon, DatasetSpec};
+use crate::support::daemon::{catalog, dataset, Daemon, DatasetSpec, TOKEN};
 use crate::support::faults::{Fault, Rule};
 use crate::support::{content, files, read_tree, Server, MIB};
 
@@ -662,4 +662,43 @@ fn one_volume_id_is_published_at_one_target_and_keeps_its_lease() {
     assert_eq!(read_tree(&first), expected);
     csi.unpublish("vol-1", &first).unwrap();
     assert!(leases(&daemon).is_empty());
+}
+
+#[test]
+fn one_identity_cannot_take_the_leases_the_csi_plugin_needs() {
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    let expected = files(&[("x.bin", content(97, 1000))]);
+    server.seed("full/", &expected);
+    let text = csi_catalog(dir.path(), &server, "1GiB", &["full"])
+        .replace("[cache]\n", "[cache]\nmax_leases_per_dataset = 8\n");
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    assert!(
+        daemon.warm("full", &[]).status.success(),
+        "{}",
+        daemon.log()
+    );
+    // A token takes every lease it can: three quarters of the cap.
+    let taken = (0..10)
+        .map(|i| {
+            let path = format!("/v1/datasets/full/leases/job-{i}");
+            daemon.tcp_request("PUT", &path, "", TOKEN).0
+        })
+        .collect::<Vec<_>>();
+    assert_eq!(taken, [200, 200, 200, 200, 200, 200, 429, 429, 429, 429]);
+    // The CSI plugin (an admin) still leases what it mounts.
+    let csi = Csi::start(dir.path(), &daemon);
+    let target = dir.path().join("pods/uid-1/mount");
+    csi.publish(&volume("vol-1", "uid-1", "full", &target))
+        .expect("the admin's quarter is free");
+    assert_eq!(read_tree(&target), expected);
+    // Holder names that print as something else are refused.
+    for hidden in ["job%E2%80%AEevil", "job%E2%80%8B", "job%EF%BB%BF"] {
+        let path = format!("/v1/datasets/full/leases/{hidden}");
+        assert_eq!(
+            daemon.tcp_request("PUT", &path, "", TOKEN).0,
+            400,
+            "{hidden}"
+        );
+    }
 }

@@ -987,12 +987,13 @@ fn a_lease_flood_stops_at_the_cap_and_state_is_saved_in_batches() {
     });
     let granted = codes.iter().filter(|&&c| c == 200).count();
     let refused = codes.iter().filter(|&&c| c == 429).count();
-    assert_eq!((granted, refused), (50, 150), "{codes:?}");
+    // A caller that is not an admin gets three quarters of the cap: 38 of 50.
+    assert_eq!((granted, refused), (38, 162), "{codes:?}");
     let saves = daemon.metric("hydrator_state_saves_total") - saves_before;
-    eprintln!("{saves} writes of state.json for 50 leases granted and 150 refused");
+    eprintln!("{saves} writes of state.json for 38 leases granted and 162 refused");
     assert!(
-        (1.0..=25.0).contains(&saves),
-        "{saves} state writes for 50 leases"
+        (1.0..=19.0).contains(&saves),
+        "{saves} state writes for 38 leases"
     );
     let (_, body) = daemon.request("PUT", "/v1/datasets/f/leases/pod-0-0", "");
     assert!(body.contains("pod-0-0"), "a renewal passes the cap: {body}");
@@ -1002,7 +1003,7 @@ fn a_lease_flood_stops_at_the_cap_and_state_is_saved_in_batches() {
         &std::fs::read(dir.path().join("cache/.daemon/state.json")).unwrap(),
     )
     .unwrap();
-    assert_eq!(state["leases"].as_array().unwrap().len(), 50);
+    assert_eq!(state["leases"].as_array().unwrap().len(), 38);
 }
 
 #[test]
