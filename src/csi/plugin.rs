@@ -216,10 +216,16 @@ impl Plugin {
         }
     }
 
-    /// The volume's record; one that cannot be read is logged and dropped (the volume is then
-    /// published or unpublished afresh).
+    /// The volume's record; one that cannot be read or fails its checks (damaged or forged) is
+    /// logged and dropped (the volume is then published or unpublished afresh).
     fn record(&self, id: &str) -> Option<Volume> {
-        self.volumes.read(id).unwrap_or_else(|err| {
+        let checked = self.volumes.read(id).and_then(|record| match record {
+            Some(volume) if check_target(&self.pods_dir, &volume.target).is_err() => Err(
+                std::io::Error::other("its target is not under the pods directory"),
+            ),
+            record => Ok(record),
+        });
+        checked.unwrap_or_else(|err| {
             tracing::error!(volume = %id, "dropping an unreadable record: {err}");
             let _ = self.volumes.remove(id);
             None
@@ -260,6 +266,7 @@ impl Plugin {
         let served = self.served(&ask.dataset, ask.start, &ask.pod).await?;
         let snapshot = ask.snapshot.clone().unwrap_or(served.snapshot.clone());
         let dir = snapshot_dir(&served.dir, &snapshot)?;
+        real_directories(&dir)?;
         let volume = Volume {
             lazy: served.lazy && snapshot == served.snapshot,
             id: ask.id,
@@ -647,6 +654,21 @@ fn lease_path(volume: &Volume) -> String {
         percent_encode(&volume.dataset),
         percent_encode(&volume.holder)
     )
+}
+
+/// A snapshot directory and its dataset's directory are real directories: one replaced by a
+/// symlink would hand the pod whatever it points to.
+fn real_directories(snapshot: &Path) -> Result<(), Status> {
+    for dir in [Some(snapshot), snapshot.parent()].into_iter().flatten() {
+        let real = std::fs::symlink_metadata(dir).is_ok_and(|meta| meta.is_dir());
+        if !real {
+            return Err(Status::failed_precondition(format!(
+                "{} is not a directory of the cache (a symlink, or gone): refused",
+                dir.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The directory of `snapshot` of the dataset whose served snapshot lives in `served`:

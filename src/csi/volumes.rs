@@ -4,11 +4,12 @@
 //! is mounted.
 
 use std::io::{self, Write};
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use crate::fs;
+use crate::snapshot::is_digest;
 
 /// One published (or being published) volume.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,13 +41,27 @@ impl Volumes {
         self.dir.join(format!("{id}.json"))
     }
 
+    /// The record of volume `id`, checked: a record is trusted no more than a request (its
+    /// id names its file, its holder ends with its id, its target is a plain absolute path).
     pub(crate) fn read(&self, id: &str) -> io::Result<Option<Volume>> {
-        match std::fs::read(self.path(id)) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(io::Error::other),
-            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(err) => Err(err),
+        if !valid_id(id) {
+            return Err(io::Error::other(format!("{id:?} is not a volume id")));
+        }
+        let volume: Volume = match std::fs::read(self.path(id)) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(io::Error::other)?,
+            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(err) => return Err(err),
+        };
+        let plain_target = volume.target.is_absolute()
+            && (volume.target.components())
+                .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+        let holder_ok = (volume.holder.strip_suffix(&format!(":{id}")))
+            .is_some_and(|pod| !pod.is_empty() && valid_id(pod));
+        match volume.id == id && plain_target && holder_ok && is_digest(&volume.snapshot) {
+            true => Ok(Some(volume)),
+            false => Err(io::Error::other(
+                "it does not match its file name, or its holder, target or snapshot is malformed",
+            )),
         }
     }
 
@@ -62,7 +77,8 @@ impl Volumes {
         }
     }
 
-    /// Every recorded volume; a record that cannot be read is logged and skipped.
+    /// Every recorded volume; a record that cannot be read or fails its checks is logged and
+    /// removed (its file name is one of this directory's, so the removal stays in it).
     pub(crate) fn all(&self) -> io::Result<Vec<Volume>> {
         let mut volumes = Vec::new();
         for entry in std::fs::read_dir(&self.dir)? {
@@ -73,7 +89,10 @@ impl Volumes {
             match self.read(id) {
                 Ok(Some(volume)) => volumes.push(volume),
                 Ok(None) => {}
-                Err(err) => tracing::error!("volume record {name}: {err}"),
+                Err(err) => {
+                    tracing::error!("dropping the volume record {name}: {err}");
+                    std::fs::remove_file(self.dir.join(&name))?;
+                }
             }
         }
         Ok(volumes)

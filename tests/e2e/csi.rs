@@ -702,3 +702,75 @@ fn one_identity_cannot_take_the_leases_the_csi_plugin_needs() {
         );
     }
 }
+
+#[test]
+fn forged_records_are_dropped_and_symlinked_snapshots_are_not_served() {
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    let expected = files(&[("x.bin", content(99, 1000))]);
+    server.seed("rec/", &expected);
+    let daemon = Daemon::start(
+        dir.path(),
+        &server.target,
+        &csi_catalog(dir.path(), &server, "1GiB", &["rec"]),
+    );
+    assert!(daemon.warm("rec", &[]).status.success(), "{}", daemon.log());
+    let mut csi = Csi::start(dir.path(), &daemon);
+    let target = dir.path().join("pods/uid-1/mount");
+    csi.publish(&volume("vol-1", "uid-1", "rec", &target))
+        .unwrap();
+    let lease = leases(&daemon);
+
+    // Records written by someone else: another volume's holder, a target outside the pods
+    // directory, an id that is not the file's name.
+    let records = dir.path().join("csi-state/volumes");
+    let outside = dir.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    let snapshot = daemon.status("rec")["snapshot"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let forged = [
+        ("holder", "uid-1:vol-1", target.display().to_string()),
+        ("outside", "uid-9:outside", outside.display().to_string()),
+        ("renamed", "uid-9:other", target.display().to_string()),
+    ];
+    for (file, holder, at) in &forged {
+        let id = if *file == "renamed" { "other" } else { *file };
+        let record = serde_json::json!({
+            "id": id, "dataset": "rec", "snapshot": snapshot, "holder": holder, "target": at,
+        });
+        std::fs::write(records.join(format!("{file}.json")), record.to_string()).unwrap();
+    }
+    csi.restart();
+    crate::support::wait_until(
+        "the forged records are dropped",
+        Duration::from_secs(10),
+        || {
+            forged
+                .iter()
+                .all(|(file, ..)| !records.join(format!("{file}.json")).exists())
+        },
+    );
+    assert_eq!(
+        leases(&daemon),
+        lease,
+        "no lease taken, changed or released"
+    );
+    assert_eq!(read_tree(&target), expected, "the real volume is untouched");
+    assert!(outside.exists());
+
+    // A snapshot directory replaced by a symlink is not handed to a pod.
+    let snapshot_dir = std::path::PathBuf::from(daemon.status("rec")["path"].as_str().unwrap());
+    let moved = snapshot_dir.with_extension("moved");
+    std::fs::rename(&snapshot_dir, &moved).unwrap();
+    std::os::unix::fs::symlink(&outside, &snapshot_dir).unwrap();
+    let other = dir.path().join("pods/uid-2/mount");
+    let refused = csi
+        .publish(&volume("vol-2", "uid-2", "rec", &other))
+        .unwrap_err();
+    assert!(refused.message().contains("symlink"), "{refused:?}");
+    assert_eq!(mounts_on(&other), 0);
+    std::fs::remove_file(&snapshot_dir).unwrap();
+    std::fs::rename(&moved, &snapshot_dir).unwrap();
+}
