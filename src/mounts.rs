@@ -58,6 +58,20 @@ pub(crate) struct TopMount {
     pub read_only: bool,
     /// As mountinfo names it: `fuse`, `ext4`, ...
     pub fs_type: String,
+    /// The directory of its filesystem that is mounted (a bind mount's source, within it).
+    pub root: String,
+    /// What mountinfo calls its source (a device, or a FUSE filesystem's name).
+    pub source: String,
+}
+
+impl TopMount {
+    /// Whether the CSI plugin made it: a read-only bind of a snapshot directory (named by its
+    /// digest), or a lazy view (a FUSE filesystem named `hydrator:DATASET`).
+    pub(crate) fn is_hydrators(&self) -> bool {
+        let snapshot = (self.root.rsplit('/').next()).is_some_and(crate::snapshot::is_digest);
+        let view = self.fs_type.starts_with("fuse") && self.source.starts_with("hydrator:");
+        self.read_only && (snapshot || view)
+    }
 }
 
 /// The topmost mount on `path` in this mount namespace, if any (resolved as for [`mounted`]).
@@ -75,12 +89,16 @@ pub(crate) fn top_mount(path: &Path) -> io::Result<Option<TopMount>> {
     let wanted = path.to_string_lossy();
     Ok(table.lines().rev().find_map(|line| {
         let mut fields = line.split(' ');
-        let mount_point = fields.nth(4)?;
+        let root = fields.nth(3)?;
+        let mount_point = fields.next()?;
         let options = fields.next()?;
-        let fs_type = line.split(" - ").nth(1)?.split(' ').next()?;
+        let mut after = line.split(" - ").nth(1)?.split(' ');
+        let (fs_type, source) = (after.next()?, after.next()?);
         (unescape(mount_point) == wanted).then(|| TopMount {
             read_only: options.split(',').any(|o| o == "ro"),
             fs_type: fs_type.to_string(),
+            root: unescape(root),
+            source: unescape(source),
         })
     }))
 }
@@ -124,6 +142,22 @@ mod tests {
         );
         assert_eq!(unescape(r"/tab\011here\134"), "/tab\there\\");
         assert_eq!(unescape(r"/plain\x"), r"/plain\x");
+    }
+
+    #[test]
+    fn only_snapshot_binds_and_hydrator_views_count_as_the_plugins() {
+        let top = |read_only, fs_type: &str, root: &str, source: &str| TopMount {
+            read_only,
+            fs_type: fs_type.into(),
+            root: root.into(),
+            source: source.into(),
+        };
+        let digest = "ab".repeat(32);
+        assert!(top(true, "ext4", &format!("/cache/ds/{digest}"), "/dev/vda").is_hydrators());
+        assert!(top(true, "fuse", "/", "hydrator:ds").is_hydrators());
+        assert!(!top(false, "ext4", &format!("/cache/ds/{digest}"), "/dev/vda").is_hydrators());
+        assert!(!top(true, "tmpfs", "/", "tmpfs").is_hydrators());
+        assert!(!top(true, "fuse", "/", "sshfs:host").is_hydrators());
     }
 
     #[test]

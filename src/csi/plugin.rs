@@ -326,6 +326,16 @@ impl Plugin {
         }
         match Target::open(&self.pods_dir, target) {
             Ok(target) => {
+                // A volume this plugin has no record of: only what it mounts is taken down.
+                if record.is_none()
+                    && target.mounted().map_err(local)? != Mounted::No
+                    && !target.mounted_by_hydrator().map_err(local)?
+                {
+                    return Err(Status::failed_precondition(format!(
+                        "no volume {id} was published at {}, and what is mounted there is not the cache's: left alone",
+                        target.path().display()
+                    )));
+                }
                 while target.mounted().map_err(local)? != Mounted::No {
                     target.unmount().map_err(|err| {
                         Status::internal(format!("unmounting {}: {err}", target.path().display()))

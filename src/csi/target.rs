@@ -142,6 +142,17 @@ impl Target {
         })
     }
 
+    /// The topmost mount on it, if the plugin made it (see [`mounts::TopMount::is_hydrators`]):
+    /// `Ok(false)` when something else is mounted there.
+    pub(crate) fn mounted_by_hydrator(&self) -> io::Result<bool> {
+        match self.kind()? {
+            Some(FileType::Directory) => {
+                Ok(mounts::top_mount(&self.path)?.is_some_and(|top| top.is_hydrators()))
+            }
+            _ => Ok(false),
+        }
+    }
+
     /// Unmounts the topmost mount on it, never through a symlink.
     pub(crate) fn unmount(&self) -> io::Result<()> {
         let at = Path::new(&format!("/proc/self/fd/{}", self.parent.as_raw_fd())).join(&self.name);

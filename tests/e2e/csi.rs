@@ -628,6 +628,20 @@ fn symlinks_in_the_pods_directory_never_lead_a_mount_an_unmount_or_a_removal_out
         "nothing removed outside"
     );
     let _ = std::process::Command::new("umount").arg(&tmpfs).status();
+
+    // A volume id the plugin never published: what someone else mounted there stays.
+    let foreign = pods.join("uid-3/mount");
+    std::fs::create_dir_all(&foreign).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "tmpfs"])
+        .arg(&foreign)
+        .status()
+        .unwrap();
+    assert!(mounted.success());
+    let status = csi.unpublish("vol-unknown", &foreign).unwrap_err();
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+    assert_eq!(mounts_on(&foreign), 1, "left alone");
+    let _ = std::process::Command::new("umount").arg(&foreign).status();
 }
 
 #[test]
