@@ -220,6 +220,9 @@ async fn hydrate(
         let dest = cfg.dest.clone();
         tokio::task::spawn_blocking(move || -> std::io::Result<link::Linked> {
             std::fs::create_dir_all(&dest)?;
+            if let Some(dataset_dir) = dest.parent() {
+                registry::restrict(dataset_dir, registry::PASSAGE_MODE)?;
+            }
             snapshot::write(
                 &registry::snapshot_file(&root, &name, &snapshot.digest),
                 &snapshot,

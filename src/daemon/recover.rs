@@ -20,6 +20,8 @@ pub(crate) type Resumable = Vec<(String, Arc<Snapshot>)>;
 /// The registry found on disk, and the hydrations to resume.
 pub(crate) fn scan(root: &Path, catalog: &Catalog) -> io::Result<(Registry, Resumable)> {
     std::fs::create_dir_all(root.join(DAEMON_DIR))?;
+    registry::restrict(root, registry::PASSAGE_MODE)?;
+    registry::restrict(&root.join(DAEMON_DIR), 0o700)?;
     evict::empty_trash(root)?;
     let mut registry = Registry::default();
     let had_state = registry::state_file_exists(root);
@@ -33,6 +35,7 @@ pub(crate) fn scan(root: &Path, catalog: &Catalog) -> io::Result<(Registry, Resu
         if name.starts_with('.') || !dataset_dir.file_type()?.is_dir() {
             continue;
         }
+        registry::restrict(&dataset_dir.path(), registry::PASSAGE_MODE)?;
         let mut newest: Option<(String, String)> = None;
         for snapshot_dir in std::fs::read_dir(dataset_dir.path())? {
             let snapshot_dir = snapshot_dir?;

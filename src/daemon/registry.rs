@@ -439,6 +439,17 @@ pub(crate) fn snapshot_dir(root: &Path, name: &str, digest: &str) -> PathBuf {
     root.join(name).join(digest)
 }
 
+/// The mode of the cache root and of each dataset's directory: passage only. A snapshot
+/// directory is reached by its path (a bind mount, or a path the API handed out) and read by
+/// its own mode; no one but root lists what the node caches.
+pub(crate) const PASSAGE_MODE: u32 = 0o711;
+
+/// Sets `dir`'s mode to `mode` (a directory of the daemon's own).
+pub(crate) fn restrict(dir: &Path, mode: u32) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
+}
+
 /// The frozen listing a snapshot directory was hydrated from.
 pub(crate) fn snapshot_file(root: &Path, name: &str, digest: &str) -> PathBuf {
     root.join(name).join(format!("{digest}.snapshot"))

@@ -1255,3 +1255,33 @@ fn one_uid_or_one_address_cannot_hold_the_api_with_bodies_that_never_come_or_ans
     let _ = holder.kill();
     let _ = holder.wait();
 }
+
+#[test]
+fn no_one_but_root_lists_the_cache_yet_a_snapshot_reads_by_its_path() {
+    use std::os::unix::fs::PermissionsExt;
+    let expected = files(&[("x.bin", content(41, 1000))]);
+    let (daemon, dir, _server) = one_dataset("m", &expected, "");
+    assert_ok(&daemon.warm("m", &[]), &daemon);
+    let root = dir.path().join("cache");
+    let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&root), 0o711);
+    assert_eq!(mode(&root.join("m")), 0o711);
+    assert_eq!(mode(&root.join(".daemon")), 0o700);
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let as_nobody = |program: &str, path: &Path| {
+        std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", program])
+            .arg(path)
+            .output()
+            .unwrap()
+    };
+    assert!(
+        !as_nobody("/usr/bin/ls", &root).status.success(),
+        "the root is not listed"
+    );
+    assert!(!as_nobody("/usr/bin/ls", &root.join("m")).status.success());
+    let snapshot = PathBuf::from(daemon.status("m")["path"].as_str().unwrap());
+    let read = as_nobody("/usr/bin/cat", &snapshot.join("x.bin"));
+    assert!(read.status.success(), "{read:?}");
+    assert!(read.stdout == expected["x.bin"]);
+}
