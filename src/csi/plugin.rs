@@ -327,10 +327,8 @@ impl Plugin {
         match Target::open(&self.pods_dir, target) {
             Ok(target) => {
                 // A volume this plugin has no record of: only what it mounts is taken down.
-                if record.is_none()
-                    && target.mounted().map_err(local)? != Mounted::No
-                    && !target.mounted_by_hydrator().map_err(local)?
-                {
+                let top = target.top_mount().map_err(local)?;
+                if record.is_none() && top.is_some_and(|top| !top.is_hydrators()) {
                     return Err(Status::failed_precondition(format!(
                         "no volume {id} was published at {}, and what is mounted there is not the cache's: left alone",
                         target.path().display()

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
 use rustix::mount::UnmountFlags;
 
-use crate::mounts::{self, Mounted};
+use crate::mounts::{self, Mounted, TopMount};
 
 pub(crate) struct Target {
     parent: OwnedFd,
@@ -93,9 +93,14 @@ impl Target {
 
     /// What is mounted on it; a symlink there is never looked through.
     pub(crate) fn mounted(&self) -> io::Result<Mounted> {
+        Ok(Mounted::of(self.top_mount()?.as_ref()))
+    }
+
+    /// The topmost mount on it; a symlink there is never looked through.
+    pub(crate) fn top_mount(&self) -> io::Result<Option<TopMount>> {
         match self.kind()? {
-            Some(FileType::Directory) => mounts::mounted(&self.path),
-            _ => Ok(Mounted::No),
+            Some(FileType::Directory) => mounts::top_mount(&self.path),
+            _ => Ok(None),
         }
     }
 
@@ -140,17 +145,6 @@ impl Target {
             // Never leave a writable view of the cache behind.
             let _ = self.unmount();
         })
-    }
-
-    /// The topmost mount on it, if the plugin made it (see [`mounts::TopMount::is_hydrators`]):
-    /// `Ok(false)` when something else is mounted there.
-    pub(crate) fn mounted_by_hydrator(&self) -> io::Result<bool> {
-        match self.kind()? {
-            Some(FileType::Directory) => {
-                Ok(mounts::top_mount(&self.path)?.is_some_and(|top| top.is_hydrators()))
-            }
-            _ => Ok(false),
-        }
     }
 
     /// Unmounts the topmost mount on it, never through a symlink.

@@ -33,7 +33,7 @@ impl RawRules {
 
 /// Where a dataset's rules come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum From {
+enum Origin {
     Dataset,
     Default,
 }
@@ -42,7 +42,7 @@ enum From {
 pub(crate) struct Rules {
     namespaces: BTreeSet<String>,
     service_accounts: BTreeSet<String>,
-    from: From,
+    origin: Origin,
 }
 
 /// Who may mount one dataset.
@@ -76,7 +76,7 @@ pub(crate) fn rules(raw: &RawRules, field: &str, problems: &mut Vec<String>) -> 
             "service_accounts",
             is_service_account,
         ),
-        from: From::Dataset,
+        origin: Origin::Dataset,
     }
 }
 
@@ -118,7 +118,7 @@ pub(crate) fn resolve(own: Option<Rules>, default: Option<&Arc<Rules>>, any: boo
 
 impl Rules {
     pub(crate) fn into_default(mut self) -> Self {
-        self.from = From::Default;
+        self.origin = Origin::Default;
         self
     }
 }
@@ -144,9 +144,9 @@ impl Access {
         if rules.namespaces.contains(&pod.namespace) || rules.service_accounts.contains(&account) {
             return Ok(());
         }
-        let whose = match rules.from {
-            From::Dataset => format!("dataset {dataset}'s rule"),
-            From::Default => "the catalog's [access] default".to_string(),
+        let whose = match rules.origin {
+            Origin::Dataset => format!("dataset {dataset}'s rule"),
+            Origin::Default => "the catalog's [access] default".to_string(),
         };
         Err(format!(
             "{who} may not mount dataset {dataset}: {whose} allows namespaces {:?} and service accounts {:?}",

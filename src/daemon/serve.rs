@@ -163,16 +163,16 @@ impl<T> DeadlineIo<T> {
     }
 
     /// After a write that could not go on: an error once it has waited too long.
-    fn waited(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+    fn waited(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Error> {
         let limit = self.limit;
         let stalled = self
             .stalled
             .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
         match stalled.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+            Poll::Ready(()) => Poll::Ready(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 "the peer does not read its answers",
-            ))),
+            )),
             Poll::Pending => Poll::Pending,
         }
     }
@@ -195,7 +195,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for DeadlineIo<T> {
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         match Pin::new(&mut self.inner).poll_write(cx, buf) {
-            Poll::Pending => self.waited(cx).map(|r| r.map(|()| 0)),
+            Poll::Pending => self.waited(cx).map(Err),
             done => {
                 self.stalled = None;
                 done
@@ -205,7 +205,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for DeadlineIo<T> {
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         match Pin::new(&mut self.inner).poll_flush(cx) {
-            Poll::Pending => self.waited(cx),
+            Poll::Pending => self.waited(cx).map(Err),
             done => {
                 self.stalled = None;
                 done

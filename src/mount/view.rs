@@ -86,6 +86,15 @@ struct Open {
     handles: HashMap<u64, u64>,
 }
 
+impl Open {
+    /// The backing file kept for `ino`, counted as used by one more handle.
+    fn take_kept(&mut self, ino: u64) -> Option<Arc<BackingId>> {
+        let (backing, users) = self.backing.get_mut(&ino)?;
+        *users += 1;
+        Some(backing.clone())
+    }
+}
+
 impl LazyView {
     pub(crate) fn new(
         tree: Arc<Tree>,
@@ -154,11 +163,9 @@ impl Shared {
     /// one (the file is local); otherwise hands the reply back.
     fn open_kept(&self, ino: u64, reply: ReplyOpen) -> Option<ReplyOpen> {
         let mut open = self.open_mut();
-        let Some((backing, users)) = open.backing.get_mut(&ino) else {
+        let Some(backing) = open.take_kept(ino) else {
             return Some(reply);
         };
-        *users += 1;
-        let backing = backing.clone();
         let fh = self.next_handle.fetch_add(1, Relaxed);
         open.handles.insert(fh, ino);
         drop(open);
@@ -168,6 +175,9 @@ impl Shared {
 
     /// Answers an open of `ino`, whose file is local: passthrough where the kernel takes it.
     fn open_local(&self, ino: u64, reply: ReplyOpen) {
+        let Some(reply) = self.open_kept(ino, reply) else {
+            return;
+        };
         let Some(file) = self.file(ino) else {
             return reply.error(Errno::ENOENT);
         };
@@ -179,11 +189,9 @@ impl Shared {
         let fh = self.next_handle.fetch_add(1, Relaxed);
         if self.passthrough.load(Relaxed) {
             let mut open = self.open_mut();
-            let backing = match open.backing.get_mut(&ino) {
-                Some((backing, users)) => {
-                    *users += 1;
-                    Some(backing.clone())
-                }
+            // Another open of the file may have made its backing since.
+            let backing = match open.take_kept(ino) {
+                Some(backing) => Some(backing),
                 None => match reply.open_backing(&local) {
                     Ok(backing) => {
                         let backing = Arc::new(backing);

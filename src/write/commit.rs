@@ -70,12 +70,7 @@ impl Committer {
         let (dest, manifest) = (self.dest.clone(), self.manifest.clone());
         let job = move || {
             let stat = publish_alone(&dest, &rel)?;
-            let completed = Completed {
-                blake3: *hash.as_bytes(),
-                inode: stat.inode,
-                mtime_ns: stat.mtime_ns,
-            };
-            manifest.complete(&key, &etag, completed)?;
+            manifest.complete(&key, &etag, completed(&hash, &stat))?;
             manifest.sync()
         };
         tokio::task::spawn_blocking(job)
@@ -153,12 +148,7 @@ fn commit_batch(dest: &Dest, syncer: &Syncer, manifest: &Manifest, batch: Vec<Jo
     }
     let synced = syncer.sync().and_then(|()| {
         for (job, stat) in &renamed {
-            let completed = Completed {
-                blake3: *job.hash.as_bytes(),
-                inode: stat.inode,
-                mtime_ns: stat.mtime_ns,
-            };
-            manifest.complete(&job.key, &job.etag, completed)?;
+            manifest.complete(&job.key, &job.etag, completed(&job.hash, stat))?;
         }
         manifest.sync()
     });
@@ -167,6 +157,15 @@ fn commit_batch(dest: &Dest, syncer: &Syncer, manifest: &Manifest, batch: Vec<Jo
             Ok(()) => Ok(()),
             Err(err) => Err(io::Error::new(err.kind(), err.to_string())),
         });
+    }
+}
+
+/// The manifest's record of a published file.
+fn completed(hash: &blake3::Hash, stat: &FileStat) -> Completed {
+    Completed {
+        blake3: *hash.as_bytes(),
+        inode: stat.inode,
+        mtime_ns: stat.mtime_ns,
     }
 }
 

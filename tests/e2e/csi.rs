@@ -7,10 +7,10 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::support::csi::{mounts_on, volume, Csi, Volume};
+use crate::support::csi::{volume, Csi, Volume};
 use crate::support::daemon::{catalog, dataset, Daemon, DatasetSpec, TOKEN};
 use crate::support::faults::{Fault, Rule};
-use crate::support::{content, files, read_tree, Server, MIB};
+use crate::support::{content, files, mounts_on, read_tree, top_fs_type, Server, MIB};
 
 /// The daemon's catalog for the plugin: it runs as root, and root may hold leases until
 /// released. A listing stays current for an hour, so a ready dataset is served at once.
@@ -272,17 +272,9 @@ fn a_pod_starting_during_a_refresh_gets_the_snapshot_held_at_once() {
     );
 }
 
-/// The filesystem type mounted on `target` (the topmost mount).
+/// The filesystem type of the topmost mount on `target`, which is mounted.
 fn fs_type(target: &Path) -> String {
-    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let wanted = target.display().to_string();
-    let line = table
-        .lines()
-        .rev()
-        .find(|line| line.split(' ').nth(4) == Some(wanted.as_str()))
-        .expect("mounted");
-    let after = line.split(" - ").nth(1).unwrap();
-    after.split(' ').next().unwrap().to_string()
+    top_fs_type(target).expect("mounted")
 }
 
 /// `n` shards of 64 KiB under `dir/`, and a daemon whose GETs of them each stall `pause`.

@@ -6,8 +6,8 @@ use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
 
 use crate::support::faults::{Fault, Rule};
-use crate::support::mount::{cache_on_top, is_mounted, mounts_on, Mounted};
-use crate::support::{content, has_ready, wait_until, Server};
+use crate::support::mount::{cache_on_top, is_mounted, Mounted};
+use crate::support::{content, has_ready, mounts_on, wait_until, Server};
 
 /// `n` files of `size` bytes named `shard-NNN.bin` under `dir/` (listing order = name order).
 fn shards(dir: &str, n: usize, size: usize) -> BTreeMap<String, Vec<u8>> {

@@ -14,6 +14,7 @@ use hyper_util::rt::TokioIo;
 use tonic::transport::Channel;
 
 use super::daemon::Daemon;
+use super::mounts_on;
 
 /// A running plugin with `DIR/pods` as the kubelet's pods directory; killed when dropped, and
 /// every target it was asked to publish is unmounted, so a failed test leaves no mount behind.
@@ -233,16 +234,6 @@ impl Drop for Csi {
             }
         }
     }
-}
-
-/// How many mounts sit on `target` in this mount namespace.
-pub fn mounts_on(target: &Path) -> usize {
-    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let wanted = target.display().to_string();
-    table
-        .lines()
-        .filter(|line| line.split(' ').nth(4) == Some(wanted.as_str()))
-        .count()
 }
 
 /// `hydrator csi` for the daemon on `daemon_socket`, logging into `dir/csi.log`.

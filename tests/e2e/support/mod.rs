@@ -544,3 +544,26 @@ pub fn records_durable_parts(journal: &Path) -> bool {
     let needle = b"\"type\":\"parts\"";
     std::fs::read(journal).is_ok_and(|bytes| bytes.windows(needle.len()).any(|w| w == needle))
 }
+
+/// The mount lines of `path` in this mount namespace, bottom to top.
+fn mount_lines(path: &Path) -> Vec<String> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let wanted = path.to_string_lossy();
+    table
+        .lines()
+        .filter(|line| line.split(' ').nth(4) == Some(&*wanted))
+        .map(str::to_string)
+        .collect()
+}
+
+/// How many mounts of any kind sit on `path` (a hydrated view has the cache bound over it).
+pub fn mounts_on(path: &Path) -> usize {
+    mount_lines(path).len()
+}
+
+/// The filesystem type of the topmost mount on `path`, if any (`fuse` for a lazy view).
+pub fn top_fs_type(path: &Path) -> Option<String> {
+    let top = mount_lines(path).pop()?;
+    let after = top.split(" - ").nth(1)?;
+    after.split(' ').next().map(str::to_string)
+}

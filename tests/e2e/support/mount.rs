@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use super::{hydrator_command, wait_until, Server};
+use super::{hydrator_command, mounts_on, top_fs_type, wait_until, Server};
 
 /// A running `hydrator mount` of one prefix, with its cache and mountpoint in one temp dir.
 pub struct Mounted {
@@ -25,26 +25,10 @@ pub fn is_mounted(path: &Path) -> bool {
         .any(|line| line.split(' ').nth(4) == Some(&*path) && line.contains(" - fuse"))
 }
 
-/// How many mounts of any kind sit on `path` (a hydrated view has the cache bound over it).
-pub fn mounts_on(path: &Path) -> usize {
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let path = path.to_string_lossy();
-    mounts
-        .lines()
-        .filter(|line| line.split(' ').nth(4) == Some(&*path))
-        .count()
-}
-
 /// Whether the top mount on `path` is the cache's bind mount (the dataset was hydrated), not
 /// the FUSE view.
 pub fn cache_on_top(path: &Path) -> bool {
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let path = path.to_string_lossy();
-    mounts
-        .lines()
-        .rev()
-        .find(|line| line.split(' ').nth(4) == Some(&*path))
-        .is_some_and(|line| !line.contains(" - fuse"))
+    top_fs_type(path).is_some_and(|fs| !fs.starts_with("fuse"))
 }
 
 impl Mounted {
