@@ -139,6 +139,7 @@ impl Daemon {
         let moved = new.listen.socket != old.listen.socket
             || new.listen.socket_mode != old.listen.socket_mode
             || new.listen.tcp != old.listen.tcp
+            || new.listen.probes != old.listen.probes
             || new.cache.root != old.cache.root;
         if moved {
             tracing::warn!("listener and cache root changes take effect at the next restart (the token and everything else apply now)");
@@ -150,6 +151,7 @@ impl Daemon {
         new.listen.socket.clone_from(&old.listen.socket);
         new.listen.socket_mode = old.listen.socket_mode;
         new.listen.tcp = old.listen.tcp;
+        new.listen.probes = old.listen.probes;
         new.cache.root.clone_from(&old.cache.root);
         *self.catalog.write().expect("catalog lock") = Arc::new(new);
         tracing::info!(
@@ -269,10 +271,11 @@ async fn wait_for_stop(daemon: &Arc<Daemon>) {
     }
 }
 
-/// The unix socket and the TCP listener, bound before anything else starts.
+/// The unix socket and the TCP listeners, bound before anything else starts.
 struct Listeners {
     unix: Option<(tokio::net::UnixListener, PathBuf)>,
     tcp: Option<tokio::net::TcpListener>,
+    probes: Option<tokio::net::TcpListener>,
 }
 
 struct Servers {
@@ -287,15 +290,11 @@ impl Listeners {
             None => None,
             Some(path) => Some((bind_socket(path, listen.socket_mode)?, path.clone())),
         };
-        let tcp = match listen.tcp {
-            None => None,
-            Some(addr) => Some(
-                tokio::net::TcpListener::bind(addr)
-                    .await
-                    .map_err(|e| UsageError::new(format!("listen.tcp {addr}: {e}")))?,
-            ),
-        };
-        Ok(Self { unix, tcp })
+        Ok(Self {
+            unix,
+            tcp: bind_tcp("tcp", listen.tcp).await?,
+            probes: bind_tcp("probes", listen.probes).await?,
+        })
     }
 
     fn serve(self, daemon: &Arc<Daemon>) -> Servers {
@@ -316,11 +315,29 @@ impl Listeners {
             let app = api::router(daemon.clone(), true);
             tasks.push(spawn_server(listener, app, header_timeout, &shutdown));
         }
+        if let Some(listener) = self.probes {
+            if let Ok(addr) = listener.local_addr() {
+                tracing::info!("probes and metrics on http://{addr}");
+            }
+            let app = api::probes_router(daemon.clone());
+            tasks.push(spawn_server(listener, app, header_timeout, &shutdown));
+        }
         Servers {
             tasks,
             shutdown,
             socket,
         }
+    }
+}
+
+async fn bind_tcp(
+    field: &str,
+    addr: Option<std::net::SocketAddr>,
+) -> Result<Option<tokio::net::TcpListener>, UsageError> {
+    let Some(addr) = addr else { return Ok(None) };
+    match tokio::net::TcpListener::bind(addr).await {
+        Ok(listener) => Ok(Some(listener)),
+        Err(e) => Err(UsageError::new(format!("listen.{field} {addr}: {e}"))),
     }
 }
 

@@ -32,6 +32,20 @@ const HEALTH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 type Shared = State<Arc<Daemon>>;
 
+/// The probes and `/metrics` alone, for a listener of their own.
+pub(crate) fn probes_router(daemon: Arc<Daemon>) -> Router {
+    probes()
+        .layer(middleware::from_fn_with_state(daemon.clone(), body_in_time))
+        .with_state(daemon)
+}
+
+fn probes() -> Router<Arc<Daemon>> {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+}
+
 /// The routes; with `require_token`, `/v1/` asks for the bearer token.
 pub(crate) fn router(daemon: Arc<Daemon>, require_token: bool) -> Router {
     let mut v1 = Router::new()
@@ -47,10 +61,7 @@ pub(crate) fn router(daemon: Arc<Daemon>, require_token: bool) -> Router {
     if require_token {
         v1 = v1.layer(middleware::from_fn_with_state(daemon.clone(), check_token));
     }
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+    probes()
         .merge(v1)
         .layer(middleware::from_fn_with_state(daemon.clone(), body_in_time))
         .with_state(daemon)

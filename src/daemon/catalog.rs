@@ -76,6 +76,7 @@ struct RawListen {
     socket: Option<PathBuf>,
     socket_mode: Option<String>,
     tcp: Option<String>,
+    probes: Option<String>,
     token_file: Option<PathBuf>,
     #[serde(default)]
     tokens: Vec<RawToken>,
@@ -178,6 +179,9 @@ pub(crate) struct Listen {
     pub socket: Option<PathBuf>,
     pub socket_mode: u32,
     pub tcp: Option<SocketAddr>,
+    /// A TCP address of its own for the probes and `/metrics`, so that no caller of the API
+    /// can keep the kubelet from them.
+    pub probes: Option<SocketAddr>,
     /// The bearer tokens TCP callers may send (`token_file` is the one named "default").
     pub tokens: Vec<Token>,
     /// Identities (`uid:0`, `token:ops`) that may renew or release any lease.
@@ -193,6 +197,7 @@ impl std::fmt::Debug for Listen {
             .field("socket", &self.socket)
             .field("socket_mode", &format_args!("{:o}", self.socket_mode))
             .field("tcp", &self.tcp)
+            .field("probes", &self.probes)
             .field("tokens", &self.tokens)
             .field("admins", &self.admins)
             .field("header_timeout", &self.header_timeout)
@@ -442,11 +447,15 @@ fn listen(raw: RawListen, problems: &mut Vec<String>) -> Listen {
             }
         },
     };
-    let tcp = raw.tcp.as_deref().and_then(|addr| {
-        addr.parse()
-            .map_err(|_| problems.push(format!("listen.tcp {addr:?} must be IP:PORT")))
-            .ok()
-    });
+    let mut address = |field: &str, given: Option<&str>| {
+        given.and_then(|addr| {
+            addr.parse()
+                .map_err(|_| problems.push(format!("listen.{field} {addr:?} must be IP:PORT")))
+                .ok()
+        })
+    };
+    let tcp = address("tcp", raw.tcp.as_deref());
+    let probes = address("probes", raw.probes.as_deref());
     let mut tokens = Vec::new();
     if let Some(file) = &raw.token_file {
         let secret = read_token(
@@ -530,6 +539,7 @@ fn listen(raw: RawListen, problems: &mut Vec<String>) -> Listen {
         socket: raw.socket,
         socket_mode,
         tcp,
+        probes,
         tokens,
         admins,
         header_timeout: Duration::from_secs(header_timeout),
@@ -763,6 +773,7 @@ mod tests {
             quota = "10 bananas"
             [listen]
             tcp = "0.0.0.0:7070"
+            probes = "7071"
             socket_mode = "999"
             [datasets."../etc"]
             source = "s3://datasets/x/"
@@ -777,6 +788,7 @@ mod tests {
             "cache.quota",
             "listen.tcp needs listen.token_file or listen.tokens",
             "listen.socket_mode",
+            "listen.probes \"7071\" must be IP:PORT",
             "dataset \"../etc\": names are",
             "dataset \"b\": invalid source URL",
             "MISSING is not set",

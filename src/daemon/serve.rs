@@ -1,9 +1,11 @@
 //! The API's HTTP server, built for a node where any pod may open a connection, so that no
 //! caller can hold it:
-//! - at most [`MAX_CONNECTIONS`] are served at once (the rest wait in the kernel's backlog), and
-//!   at most [`MAX_PER_CALLER`] of one caller (a socket peer's uid, a TCP peer's address): the
-//!   next is closed at once. Root on the socket and loopback TCP (the CSI plugin beside the
-//!   daemon) are not counted, so they always find room;
+//! - at most [`MAX_CONNECTIONS`] of counted callers (a socket peer's uid other than root, a TCP
+//!   peer's address other than loopback) are served at once, and at most [`MAX_PER_CALLER`] of
+//!   one caller: the next is closed at once. Root on the socket and loopback TCP (the CSI plugin
+//!   beside the daemon) are not counted, and [`RESERVED_CONNECTIONS`] more are kept for them, so
+//!   they find room however many others hold connections; when those are taken too, the rest
+//!   wait in the kernel's backlog;
 //! - a connection whose request header has not fully arrived within the header timeout (also an
 //!   idle keep-alive connection) is closed, and so is one whose body does not arrive within it
 //!   ([`super::api`]) or that does not read its answers within it ([`DeadlineIo`]): a caller
@@ -36,8 +38,10 @@ use tokio::task::JoinSet;
 
 use super::identity::Peer;
 
-/// Connections served at once per listener.
+/// Connections of counted callers served at once per listener.
 pub(crate) const MAX_CONNECTIONS: usize = 512;
+/// Connections beyond [`MAX_CONNECTIONS`] only uncounted callers (root, loopback) may use.
+pub(crate) const RESERVED_CONNECTIONS: usize = 32;
 /// Connections of one caller served at once per listener.
 pub(crate) const MAX_PER_CALLER: usize = 64;
 /// Requests one connection may make before it is closed.
@@ -53,7 +57,8 @@ pub(crate) async fn serve<L>(
     L: Listener,
     L::Io: Peer,
 {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS + RESERVED_CONNECTIONS));
+    let counted = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let per_caller = PerCaller::default();
     let mut connections = JoinSet::new();
     loop {
@@ -65,7 +70,16 @@ pub(crate) async fn serve<L>(
             accepted = listener.accept() => accepted,
             _ = stop.wait_for(|stop| *stop) => break,
         };
-        let Some(turn) = per_caller.enter(io.counted_as()) else {
+        let caller = io.counted_as();
+        // A counted caller takes one of the unreserved places, or is closed at once.
+        let unreserved = match caller {
+            Some(_) => match counted.clone().try_acquire_owned() {
+                Ok(place) => Some(place),
+                Err(_) => continue,
+            },
+            None => None,
+        };
+        let Some(turn) = per_caller.enter(caller) else {
             continue; // dropped: closed at once
         };
         let app = match io.caller() {
@@ -85,7 +99,7 @@ pub(crate) async fn serve<L>(
         let service = TowerToHyperService::new(app);
         let mut stop = stop.clone();
         connections.spawn(async move {
-            let (_slot, _turn) = (slot, turn);
+            let (_slot, _unreserved, _turn) = (slot, unreserved, turn);
             let io = DeadlineIo::new(io, header_timeout);
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())

@@ -1127,10 +1127,11 @@ fn the_catalogs_bandwidth_cap_paces_hydrations_and_the_metrics_say_so() {
 
 /// Opens `count` connections and holds them for a minute, printing `ready` once they are open.
 /// `unix:PATH`: each sends a whole header announcing a body that never comes. `tcp:HOST:PORT`
-/// (from 127.0.0.2): each pipelines GET /metrics and never reads an answer.
+/// (from the address in the third argument): each pipelines GET /metrics and never reads an
+/// answer.
 const HOLDER: &str = r#"
 import socket, sys, time
-target, count = sys.argv[1], int(sys.argv[2])
+target, count, source = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 held = []
 for _ in range(count):
     try:
@@ -1141,7 +1142,7 @@ for _ in range(count):
         else:
             host, port = target[4:].rsplit(":", 1)
             s = socket.socket()
-            s.bind(("127.0.0.2", 0))
+            s.bind((source, 0))
             s.connect((host, int(port)))
             s.setblocking(False)
             try:
@@ -1155,8 +1156,13 @@ print("ready", len(held), flush=True)
 time.sleep(60)
 "#;
 
-/// Runs the holder (as `uid`, through setpriv) until it says it holds its connections.
+/// Runs the holder (as `uid`, through setpriv; over TCP from 127.0.0.2) until it says it holds
+/// its connections.
 fn hold(target: &str, count: usize, uid: Option<u32>) -> std::process::Child {
+    hold_from(target, count, uid, "127.0.0.2")
+}
+
+fn hold_from(target: &str, count: usize, uid: Option<u32>, source: &str) -> std::process::Child {
     use std::io::BufRead;
     let mut command = match uid {
         Some(uid) => {
@@ -1173,7 +1179,7 @@ fn hold(target: &str, count: usize, uid: Option<u32>) -> std::process::Child {
         None => std::process::Command::new("python3"),
     };
     let mut child = command
-        .args(["-c", HOLDER, target, &count.to_string()])
+        .args(["-c", HOLDER, target, &count.to_string(), source])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -1197,8 +1203,8 @@ fn within<T: Send + 'static>(
     told.recv_timeout(limit).ok()
 }
 
-#[test]
-fn one_uid_or_one_address_cannot_hold_the_api_with_bodies_that_never_come_or_answers_never_read() {
+/// A daemon whose socket any uid may reach, with `listen` lines added to `[listen]`.
+fn daemon_open_to_all(listen: &str) -> (std::sync::Arc<Daemon>, tempfile::TempDir, Server) {
     let server = Server::local();
     let dir = tempfile::tempdir().unwrap();
     let text = catalog(
@@ -1210,16 +1216,22 @@ fn one_uid_or_one_address_cannot_hold_the_api_with_bodies_that_never_come_or_ans
     )
     .replace(
         "[listen]\n",
-        "[listen]\nheader_timeout_seconds = 2\nsocket_mode = \"0666\"\n",
+        &format!("[listen]\nsocket_mode = \"0666\"\n{listen}\n"),
     );
     let daemon = std::sync::Arc::new(Daemon::start(dir.path(), &server.target, &text));
     raise_open_file_limit(4096);
-    // The socket's directory is opened to the other uid.
+    // The socket's directory is opened to the other uids.
     std::fs::set_permissions(
         dir.path(),
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )
     .unwrap();
+    (daemon, dir, server)
+}
+
+#[test]
+fn one_uid_or_one_address_cannot_hold_the_api_with_bodies_that_never_come_or_answers_never_read() {
+    let (daemon, _dir, _server) = daemon_open_to_all("header_timeout_seconds = 2");
 
     // 520 connections of uid 65534, each with a header and a body that never comes.
     let socket = format!("unix:{}", daemon.socket.display());
@@ -1254,6 +1266,77 @@ fn one_uid_or_one_address_cannot_hold_the_api_with_bodies_that_never_come_or_ans
     );
     let _ = holder.kill();
     let _ = holder.wait();
+}
+
+#[test]
+fn when_many_callers_fill_every_connection_root_loopback_and_the_probes_listener_are_still_answered(
+) {
+    use std::io::{Read, Write};
+    let (daemon, _dir, _server) =
+        daemon_open_to_all("header_timeout_seconds = 30\nprobes = \"127.0.0.1:0\"");
+    // Nine callers with their 64 connections each, more than the 512 counted ones, held for
+    // the 30 s timeout: on the socket (nine uids) and over TCP (nine addresses).
+    let socket = format!("unix:{}", daemon.socket.display());
+    let tcp = format!("tcp:{}", daemon.tcp_addr());
+    let mut holders: Vec<_> = (0..9)
+        .flat_map(|n| {
+            [
+                hold(&socket, 64, Some(65525 + n)),
+                hold_from(&tcp, 64, None, &format!("127.0.0.{}", n + 2)),
+            ]
+        })
+        .collect();
+    let asker = daemon.clone();
+    let answer = within(Duration::from_secs(5), move || {
+        asker.request("GET", "/v1/datasets", "").0
+    });
+    assert_eq!(
+        answer,
+        Some(200),
+        "root on the socket finds a reserved place"
+    );
+    let asker = daemon.clone();
+    let answer = within(Duration::from_secs(5), move || {
+        asker.tcp_request("GET", "/v1/datasets", "", TOKEN).0
+    });
+    assert_eq!(answer, Some(200), "loopback TCP finds a reserved place");
+    let log = daemon.log();
+    let probes = log
+        .lines()
+        .find_map(|l| l.split("probes and metrics on http://").nth(1))
+        .expect("the probes listener is logged")
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    for (path, code) in [
+        ("/healthz", 200),
+        ("/readyz", 200),
+        ("/metrics", 200),
+        ("/v1/datasets", 404),
+    ] {
+        let probes = probes.clone();
+        let answer = within(Duration::from_secs(5), move || {
+            let mut stream = std::net::TcpStream::connect(probes).unwrap();
+            write!(
+                stream,
+                "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            )
+            .unwrap();
+            let mut text = String::new();
+            stream.read_to_string(&mut text).unwrap();
+            text
+        });
+        let text = answer.expect("the probes listener answers");
+        assert!(
+            text.starts_with(&format!("HTTP/1.1 {code}")),
+            "{path}: {text}"
+        );
+    }
+    for holder in &mut holders {
+        let _ = holder.kill();
+        let _ = holder.wait();
+    }
 }
 
 #[test]
