@@ -63,6 +63,9 @@ pub(crate) struct SyncConfig {
     pub lock_timeout: Option<Duration>,
     /// Hydrate exactly this snapshot instead of the live listing.
     pub snapshot: Option<Arc<Snapshot>>,
+    /// A directory DEST lies in whose subdirectories down to DEST must be real ones (the
+    /// daemon's cache root): they are opened without following a symlink.
+    pub dest_anchor: Option<PathBuf>,
     /// Bytes a second the run may receive (`--max-bandwidth`).
     pub max_bandwidth: Option<u64>,
     /// GETs a second the run may send (`--max-requests-per-second`).
@@ -241,6 +244,7 @@ impl SyncConfigBuilder {
             delete: self.delete,
             lock_timeout: self.lock_timeout,
             snapshot: self.snapshot,
+            dest_anchor: None,
             max_bandwidth: self.max_bandwidth,
             max_requests_per_second: self.max_requests_per_second,
             dry_run: self.dry_run,

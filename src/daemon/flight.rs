@@ -24,6 +24,7 @@ use crate::error::{Exit, IoContext, SyncError};
 use crate::plan::keys::{plan_key, KeyPlan};
 use crate::snapshot::{self, Snapshot};
 use crate::source::client;
+use crate::write::dest::Dest;
 
 /// What a warm request gets.
 pub(crate) enum Warm {
@@ -208,6 +209,7 @@ async fn hydrate(
     }
     cfg.dest = dir(&digest);
     cfg.snapshot = Some(snapshot.clone());
+    cfg.dest_anchor = Some(daemon.root.clone());
     let link_source = flight.info().link_source.clone().filter(|s| *s != digest);
     let linked = {
         let (root, name, source, snapshot) = (
@@ -219,7 +221,7 @@ async fn hydrate(
         flight.set_phase(Phase::Linking);
         let dest = cfg.dest.clone();
         tokio::task::spawn_blocking(move || -> std::io::Result<link::Linked> {
-            std::fs::create_dir_all(&dest)?;
+            let new_dest = Dest::open_beneath(&root, &dest)?;
             if let Some(dataset_dir) = dest.parent() {
                 registry::restrict(dataset_dir, registry::PASSAGE_MODE)?;
             }
@@ -229,8 +231,8 @@ async fn hydrate(
             )?;
             match link_source {
                 Some(previous) => link::link_unchanged(
-                    &registry::snapshot_dir(&root, &name, &previous),
-                    &dest,
+                    &Dest::open_beneath(&root, &registry::snapshot_dir(&root, &name, &previous))?,
+                    &new_dest,
                     &source,
                     &snapshot,
                 ),

@@ -8,7 +8,6 @@
 //! a reader of the old snapshot, untouched.
 
 use std::io;
-use std::path::Path;
 
 use crate::manifest::journal::SourceInfo;
 use crate::manifest::{Manifest, ObjectState};
@@ -23,19 +22,17 @@ pub(crate) struct Linked {
     pub bytes: u64,
 }
 
-/// Links the files of `previous` (a complete snapshot directory) that `snapshot` still holds
-/// into `next`, whose manifest is opened for `source`.
+/// Links the files of `old_dest` (a complete snapshot directory) that `snapshot` still holds
+/// into `new_dest`, whose manifest is opened for `source`.
 pub(crate) fn link_unchanged(
-    previous: &Path,
-    next: &Path,
+    old_dest: &Dest,
+    new_dest: &Dest,
     source: &SourceInfo,
     snapshot: &Snapshot,
 ) -> io::Result<Linked> {
-    let old_dest = Dest::open(previous)?;
     let Some((_, old)) = Manifest::open_existing(old_dest.state_dir()?)? else {
         return Ok(Linked::default());
     };
-    let new_dest = Dest::open(next)?;
     let manifest = Manifest::open(new_dest.state_dir()?, source)?;
     // Snapshot entries are sorted by key, so both manifests are read in step with them.
     let (mut old_base, mut new_base) = (old.cursor()?, manifest.cursor()?);

@@ -43,7 +43,7 @@ pub(crate) fn scan(root: &Path, catalog: &Catalog) -> io::Result<(Registry, Resu
             if !snapshot_dir.file_type()?.is_dir() || !crate::snapshot::is_digest(&digest) {
                 continue;
             }
-            match ready_marker(&snapshot_dir.path())
+            match ready_marker(root, &snapshot_dir.path())
                 .filter(|r| r.snapshot.as_deref() == Some(&digest))
             {
                 Some(marker) => {
@@ -120,8 +120,8 @@ pub(crate) fn scan(root: &Path, catalog: &Catalog) -> io::Result<(Registry, Resu
     Ok((registry, resume))
 }
 
-fn ready_marker(dir: &Path) -> Option<ready::Ready> {
-    let dest = Dest::open(dir).ok()?;
+fn ready_marker(root: &Path, dir: &Path) -> Option<ready::Ready> {
+    let dest = Dest::open_beneath(root, dir).ok()?;
     ready::read(&dest.state_dir().ok()?)
 }
 

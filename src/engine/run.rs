@@ -206,7 +206,11 @@ async fn prepare(
     started: Instant,
 ) -> Result<Start, SyncError> {
     let filter = KeyFilter::new(&cfg.include, &cfg.exclude)?;
-    let dest = Dest::open(&cfg.dest).map_err(|err| dest_unusable(cfg, err))?;
+    let dest = match &cfg.dest_anchor {
+        Some(anchor) => Dest::open_beneath(anchor, &cfg.dest),
+        None => Dest::open(&cfg.dest),
+    };
+    let dest = dest.map_err(|err| dest_unusable(cfg, err))?;
     let state_dir = dest.state_dir().map_err(|err| {
         UsageError::new(format!(
             "cannot use {}/.hydrator: {err}",

@@ -19,6 +19,23 @@ pub(crate) struct Dest {
     path: PathBuf,
 }
 
+/// `ENOTDIR`/`ELOOP` from an `O_NOFOLLOW` open, said plainly.
+fn not_followed(path: &Path, err: io::Error) -> io::Error {
+    let refused = [rustix::io::Errno::NOTDIR, rustix::io::Errno::LOOP]
+        .map(|e| Some(e.raw_os_error()))
+        .contains(&err.raw_os_error());
+    match refused {
+        true => io::Error::new(
+            err.kind(),
+            format!(
+                "{} is a symlink or a file, not a directory: refused",
+                path.display()
+            ),
+        ),
+        false => err,
+    }
+}
+
 fn resumable_size(on_disk: u64, size: u64, direct_io: bool) -> bool {
     on_disk == size || (direct_io && on_disk == size.next_multiple_of(DIRECT_IO_ALIGN as u64))
 }
@@ -37,6 +54,41 @@ impl Dest {
         std::fs::create_dir_all(path)?;
         Ok(Self {
             root: Dir::open(path)?,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Creates DEST if needed and opens it, where DEST lies in `anchor`: each directory between
+    /// them is made and opened with `mkdirat` and `O_NOFOLLOW`, so none of them can be a
+    /// symlink (`ELOOP`/`ENOTDIR`). `anchor` itself may be one.
+    pub(crate) fn open_beneath(anchor: &Path, path: &Path) -> io::Result<Self> {
+        let below = path.strip_prefix(anchor).map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} is not in {}", path.display(), anchor.display()),
+            )
+        })?;
+        let mut dir = Dir::open(anchor)?;
+        let mut reached = anchor.to_path_buf();
+        for part in below.components() {
+            let std::path::Component::Normal(name) = part else {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "{}: only plain names below {}",
+                        path.display(),
+                        anchor.display()
+                    ),
+                ));
+            };
+            reached.push(name);
+            dir.create_dir(name)?;
+            dir = dir
+                .open_dir(name)
+                .map_err(|err| not_followed(&reached, err))?;
+        }
+        Ok(Self {
+            root: dir,
             path: path.to_path_buf(),
         })
     }

@@ -1368,3 +1368,33 @@ fn no_one_but_root_lists_the_cache_yet_a_snapshot_reads_by_its_path() {
     assert!(read.status.success(), "{read:?}");
     assert!(read.stdout == expected["x.bin"]);
 }
+
+#[test]
+fn a_dataset_directory_replaced_by_a_symlink_is_never_written_through() {
+    let (daemon, dir, server) = one_dataset("s", &files(&[("a.bin", content(61, 1000))]), "");
+    assert_ok(&daemon.warm("s", &[]), &daemon);
+    // The dataset's directory becomes a symlink to a directory outside the cache.
+    let dataset_dir = dir.path().join("cache/s");
+    let outside = dir.path().join("outside");
+    std::fs::rename(&dataset_dir, &outside).unwrap();
+    std::os::unix::fs::symlink(&outside, &dataset_dir).unwrap();
+    let before: Vec<_> = std::fs::read_dir(&outside).unwrap().collect();
+
+    server.seed("s/", &files(&[("b.bin", content(62, 1000))]));
+    // The held snapshot is served while the new listing is hydrated, which fails.
+    assert_ok(&daemon.warm("s", &[]), &daemon);
+    wait_until("the refresh fails", Duration::from_secs(10), || {
+        daemon.status("s")["last_error"].is_string()
+    });
+    let error = daemon.status("s")["last_error"].to_string();
+    assert!(
+        error.contains("cache/s is a symlink or a file, not a directory: refused"),
+        "{error}"
+    );
+    let after: Vec<_> = std::fs::read_dir(&outside).unwrap().collect();
+    assert_eq!(
+        after.len(),
+        before.len(),
+        "no snapshot made through the symlink"
+    );
+}
