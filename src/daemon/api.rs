@@ -421,9 +421,14 @@ async fn release_lease(
     let ask = lease_ask(&daemon, &caller);
     let released = daemon.registry().release(&name, &holder, &ask);
     match released {
-        Ok(_) => match saved(&daemon).await {
+        Ok(lease) => match saved(&daemon).await {
             Ok(()) => StatusCode::NO_CONTENT.into_response(),
-            Err(response) => response,
+            // Not saved, so a restart would bring the lease back: it holds until it is.
+            Err(response) => {
+                let key = (lease.dataset.clone(), lease.holder.clone());
+                daemon.registry().leases.entry(key).or_insert(lease);
+                response
+            }
         },
         Err(refused) => lease_refused(&name, &holder, refused),
     }

@@ -1091,7 +1091,8 @@ fn the_lease_sidecar_renews_while_it_runs_and_releases_on_sigterm() {
 }
 
 #[test]
-fn a_lease_that_cannot_be_saved_answers_500_and_the_next_save_recovers() {
+fn a_lease_or_a_release_that_cannot_be_saved_answers_500_is_not_in_effect_and_the_next_save_recovers(
+) {
     let (daemon, dir, _server) = one_dataset("v", &files(&[("x", content(28, 1000))]), "");
     assert_ok(&daemon.warm("v", &[]), &daemon);
     // A directory where the state's temporary file goes makes every save fail.
@@ -1100,11 +1101,27 @@ fn a_lease_that_cannot_be_saved_answers_500_and_the_next_save_recovers() {
     let (code, body) = daemon.request("PUT", "/v1/datasets/v/leases/pod", "");
     assert_eq!(code, 500, "{body}");
     assert!(body.contains("saving the daemon state failed"), "{body}");
+    assert_eq!(
+        daemon.request("GET", "/v1/leases", "").1.trim(),
+        "[]",
+        "the lease that could not be saved is not in effect"
+    );
     std::fs::remove_dir(&blocker).unwrap();
     let (code, body) = daemon.request("PUT", "/v1/datasets/v/leases/pod", "");
     assert_eq!(code, 200, "{body}");
     let state = std::fs::read_to_string(dir.path().join("cache/.daemon/state.json")).unwrap();
     assert!(state.contains("\"holder\":\"pod\""), "{state}");
+
+    // A release that cannot be saved is not in effect either: a restart would bring it back.
+    std::fs::create_dir(&blocker).unwrap();
+    let (code, body) = daemon.request("DELETE", "/v1/datasets/v/leases/pod", "");
+    assert_eq!(code, 500, "{body}");
+    let (_, held) = daemon.request("GET", "/v1/leases", "");
+    assert!(held.contains("\"holder\":\"pod\""), "still held: {held}");
+    std::fs::remove_dir(&blocker).unwrap();
+    let (code, body) = daemon.request("DELETE", "/v1/datasets/v/leases/pod", "");
+    assert_eq!(code, 204, "{body}");
+    assert_eq!(daemon.request("GET", "/v1/leases", "").1.trim(), "[]");
 }
 
 #[test]
