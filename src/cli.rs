@@ -464,6 +464,13 @@ pub struct SnapshotArgs {
     /// The snapshot file to write.
     #[arg(short, long)]
     pub output: PathBuf,
+    /// Seal it: record each object's BLAKE3 from DEST, which a `sync --snapshot` of these
+    /// versions filled. Nodes then publish no file whose bytes differ.
+    #[arg(long, value_name = "DEST")]
+    pub seal: Option<PathBuf>,
+    /// Seal this snapshot file instead of listing SOURCE again (with --seal).
+    #[arg(long, value_name = "FILE", requires = "seal")]
+    pub from: Option<PathBuf>,
     #[command(flatten)]
     pub connection: ConnectionOptions,
 }

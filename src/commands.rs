@@ -167,12 +167,38 @@ async fn snapshot(args: SnapshotArgs) -> Result<Exit, SyncError> {
         .apply(SyncConfig::builder(url.clone(), Default::default()))
         .build()?;
     let settings = config.client_settings();
-    let client = client::build(settings, Default::default()).await;
-    let snapshot = snapshot::create(client, &url, settings).await?;
+    let mut snapshot = match &args.from {
+        Some(file) => snapshot::read(file)?,
+        None => {
+            let client = client::build(settings, Default::default()).await;
+            snapshot::create(client, &url, settings).await?
+        }
+    };
+    if snapshot.url() != url {
+        return Err(UsageError::new(format!(
+            "--from {}: a snapshot of {}, not of {url}",
+            args.from
+                .as_deref()
+                .unwrap_or_else(|| "".as_ref())
+                .display(),
+            snapshot.url()
+        ))
+        .into());
+    }
+    if let Some(dest) = &args.seal {
+        crate::seal::seal(&mut snapshot, dest)?;
+    }
     snapshot::write(&args.output, &snapshot).local("writing", &args.output)?;
     let versioned = snapshot.entries.iter().filter(|e| e.version_id.is_some());
+    let sealed = match &args.seal {
+        Some(dest) => format!(
+            ", sealed with the BLAKE3 of each object from {}",
+            dest.display()
+        ),
+        None => String::new(),
+    };
     crate::out!(
-        "hydrator: snapshot of {url}: {} objects ({}), {} pinned to a version id, the rest to their ETag; digest {} written to {}",
+        "hydrator: snapshot of {url}: {} objects ({}), {} pinned to a version id, the rest to their ETag{sealed}; digest {} written to {}",
         snapshot.objects,
         crate::units::human_bytes(snapshot.bytes),
         versioned.count(),

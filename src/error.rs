@@ -449,6 +449,10 @@ pub enum ObjectError {
     Part(#[from] PartError),
     #[error("the object changed on the server since the snapshot (snapshot ETag {etag})")]
     ChangedSinceSnapshot { etag: String },
+    #[error(
+        "its bytes do not match the sealed snapshot (BLAKE3 {got}, sealed {sealed}): not published"
+    )]
+    NotAsSealed { sealed: String, got: String },
     #[error("the object kept changing on the server ({restarts} restarts)")]
     KeptChanging { restarts: u32 },
     #[error(transparent)]

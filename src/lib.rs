@@ -26,6 +26,7 @@ pub(crate) mod mount;
 pub(crate) mod mounts;
 pub(crate) mod plan;
 pub(crate) mod report;
+pub(crate) mod seal;
 pub(crate) mod signals;
 pub(crate) mod snapshot;
 pub mod source;

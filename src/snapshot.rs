@@ -2,6 +2,7 @@
 //! node hydrates exactly the same objects. `sync --snapshot` reads the objects from the file
 //! instead of listing, pins every GET to the recorded ETag (a changed object is an error that
 //! names it), and returns at once when DEST's READY already names the snapshot's digest.
+//! A sealed snapshot ([`crate::seal`]) also records each object's BLAKE3.
 
 use std::io::Write;
 use std::path::Path;
@@ -13,11 +14,14 @@ use tokio::sync::mpsc;
 
 use crate::error::{SyncError, UsageError};
 use crate::fs;
+use crate::plan::keys::{plan_key, KeyPlan};
 use crate::source::list::{self, ObjectEntry};
 use crate::source::url::S3Url;
 use crate::units::unix_nanos;
 
 pub(crate) const SNAPSHOT_VERSION: u32 = 1;
+/// The format of a sealed snapshot: entries that are files carry `blake3`.
+pub(crate) const SEALED_VERSION: u32 = 2;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct SnapshotEntry {
@@ -27,6 +31,9 @@ pub(crate) struct SnapshotEntry {
     pub last_modified_ns: Option<u64>,
     /// Set when the bucket is versioned: GETs then ask for exactly this version.
     pub version_id: Option<String>,
+    /// In a sealed snapshot: the BLAKE3 of this version's bytes, in hex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blake3: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -35,7 +42,8 @@ pub(crate) struct Snapshot {
     pub endpoint: Option<String>,
     pub bucket: String,
     pub prefix: String,
-    /// BLAKE3 over `key \0 size \0 etag \0 version \n` of every entry, sorted by key.
+    /// BLAKE3 over `key \0 size \0 etag \0 version [\0 blake3] \n` of every entry, sorted by
+    /// key (the seal's BLAKE3 only in a sealed snapshot).
     pub digest: String,
     pub objects: u64,
     pub bytes: u64,
@@ -53,6 +61,11 @@ impl From<&SnapshotEntry> for ObjectEntry {
                 .last_modified_ns
                 .map(|ns| SystemTime::UNIX_EPOCH + Duration::from_nanos(ns)),
             version_id: e.version_id.clone(),
+            sealed: e
+                .blake3
+                .as_deref()
+                .and_then(|hex| blake3::Hash::from_hex(hex).ok())
+                .map(|hash| *hash.as_bytes()),
         }
     }
 }
@@ -84,6 +97,10 @@ pub(crate) fn digest(entries: &[SnapshotEntry]) -> String {
         hasher.update(e.etag.as_bytes());
         hasher.update(b"\0");
         hasher.update(e.version_id.as_deref().unwrap_or("").as_bytes());
+        if let Some(sealed) = &e.blake3 {
+            hasher.update(b"\0");
+            hasher.update(sealed.as_bytes());
+        }
         hasher.update(b"\n");
     }
     hasher.finalize().to_hex().to_string()
@@ -119,6 +136,7 @@ pub(crate) async fn create(
             etag: entry.etag,
             last_modified_ns: entry.last_modified.map(unix_nanos),
             version_id: entry.version_id,
+            blake3: None,
         })
         .collect();
     Ok(Snapshot {
@@ -148,12 +166,13 @@ pub(crate) fn read(path: &Path) -> Result<Snapshot, UsageError> {
     let bytes = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
     let mut snapshot: Snapshot =
         serde_json::from_slice(&bytes).map_err(|e| bad(format!("not a hydrator snapshot: {e}")))?;
-    if snapshot.version != SNAPSHOT_VERSION {
+    if ![SNAPSHOT_VERSION, SEALED_VERSION].contains(&snapshot.version) {
         return Err(bad(format!(
             "format version {} is not supported",
             snapshot.version
         )));
     }
+    check_seals(&snapshot).map_err(bad)?;
     if digest(&snapshot.entries) != snapshot.digest {
         return Err(bad(
             "its digest does not match its entries (edited or damaged)".into(),
@@ -165,6 +184,31 @@ pub(crate) fn read(path: &Path) -> Result<Snapshot, UsageError> {
         return Err(bad(format!("key {:?} is listed twice", pair[0].key)));
     }
     Ok(snapshot)
+}
+
+/// A sealed snapshot seals each of its files with a well-formed hash, and an unsealed one none.
+fn check_seals(snapshot: &Snapshot) -> Result<(), String> {
+    for entry in &snapshot.entries {
+        let is_file = matches!(
+            plan_key(&snapshot.prefix, &entry.key, entry.size),
+            KeyPlan::File(_)
+        );
+        let well_formed = entry
+            .blake3
+            .as_deref()
+            .is_some_and(|hex| blake3::Hash::from_hex(hex).is_ok());
+        let fits = match snapshot.version {
+            SNAPSHOT_VERSION => entry.blake3.is_none(),
+            _ => well_formed || (!is_file && entry.blake3.is_none()),
+        };
+        if !fits {
+            return Err(format!(
+                "key {:?}: its blake3 is missing or malformed for format version {}",
+                entry.key, snapshot.version
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Feeds the snapshot's objects to the engine as a listing would.
@@ -180,4 +224,61 @@ pub(crate) fn spawn_entries(
         }
     });
     rx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snapshot(entries: Vec<SnapshotEntry>, version: u32) -> Snapshot {
+        Snapshot {
+            version,
+            endpoint: None,
+            bucket: "b".into(),
+            prefix: "p/".into(),
+            digest: digest(&entries),
+            objects: entries.len() as u64,
+            bytes: entries.iter().map(|e| e.size).sum(),
+            created_at: String::new(),
+            entries,
+        }
+    }
+
+    fn entry(key: &str, blake3: Option<&str>) -> SnapshotEntry {
+        SnapshotEntry {
+            key: key.into(),
+            size: 1,
+            etag: "\"e\"".into(),
+            last_modified_ns: None,
+            version_id: None,
+            blake3: blake3.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn the_digest_covers_the_seal_and_leaves_unsealed_digests_as_they_were() {
+        let hash = blake3::hash(b"x").to_hex().to_string();
+        let other = blake3::hash(b"y").to_hex().to_string();
+        let plain = digest(&[entry("p/a", None)]);
+        let sealed = digest(&[entry("p/a", Some(&hash))]);
+        assert_ne!(plain, sealed);
+        assert_ne!(sealed, digest(&[entry("p/a", Some(&other))]));
+        // What the format before seals wrote: key, size, etag, version.
+        let before = blake3::hash(b"p/a\x001\x00\"e\"\x00\n")
+            .to_hex()
+            .to_string();
+        assert_eq!(plain, before);
+    }
+
+    #[test]
+    fn a_sealed_snapshot_seals_every_file_and_an_unsealed_one_none() {
+        let hash = blake3::hash(b"x").to_hex().to_string();
+        let dir_marker = || entry("p/dir/", None);
+        assert!(check_seals(&snapshot(vec![entry("p/a", Some(&hash)), dir_marker()], 2)).is_ok());
+        assert!(check_seals(&snapshot(vec![entry("p/a", None)], 1)).is_ok());
+        let unsealed_file = check_seals(&snapshot(vec![entry("p/a", None)], 2)).unwrap_err();
+        assert!(unsealed_file.contains("\"p/a\""), "{unsealed_file}");
+        assert!(check_seals(&snapshot(vec![entry("p/a", Some("beef"))], 2)).is_err());
+        assert!(check_seals(&snapshot(vec![entry("p/a", Some(&hash))], 1)).is_err());
+    }
 }

@@ -52,7 +52,9 @@ pub(crate) async fn mirror_object(
         blake3: Some(crate::manifest::hex(&hash)),
         status,
     };
-    if let Some(hash) = up_to_date(&ctx, &rel, &entry).local("checking", &rel)? {
+    let up_to_date = up_to_date(&ctx, &rel, &entry).local("checking", &rel)?;
+    // A file the seal disowns is fetched again, and checked again.
+    if let Some(hash) = up_to_date.filter(|hash| entry.sealed.is_none_or(|s| s == *hash)) {
         return Ok(record(entry.size, hash, FileStatus::Skipped));
     }
     let mut object = Arc::new(PinnedObject {
@@ -68,6 +70,13 @@ pub(crate) async fn mirror_object(
         match download(&ctx, object.clone(), &rel, modified).await {
             Ok(hash) => {
                 drop(slot);
+                if let Some(sealed) = entry.sealed.filter(|s| s != hash.as_bytes()) {
+                    discard_partial(&ctx, &rel).await;
+                    return Err(ObjectError::NotAsSealed {
+                        sealed: crate::manifest::hex(&sealed),
+                        got: hash.to_hex().to_string(),
+                    });
+                }
                 let (key, etag) = (entry.key.clone(), object.etag.clone());
                 let committer = &ctx.write.committer;
                 let wanted = ctx.write.schedule.as_ref();
@@ -108,6 +117,22 @@ pub(crate) async fn mirror_object(
             }
             Err(err) => return Err(err.into()),
         }
+    }
+}
+
+/// Removes the partial file of a download whose bytes may not be published.
+async fn discard_partial(ctx: &Ctx, rel: &RelPath) {
+    let (dest, rel) = (ctx.write.dest.clone(), rel.clone());
+    let removed = blocking(move || {
+        if let Some(dir) = dest.open_parent(&rel, false).local("opening", &rel)? {
+            let partial = rel.partial_name();
+            dir.unlink(&partial).local("removing", &partial)?;
+        }
+        Ok(())
+    })
+    .await;
+    if let Err(err) = removed {
+        tracing::warn!("{err}");
     }
 }
 

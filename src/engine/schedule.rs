@@ -288,6 +288,7 @@ mod tests {
                 etag: "\"e\"".into(),
                 last_modified: None,
                 version_id: None,
+                sealed: None,
             },
             rel: match crate::plan::keys::plan_key("", key, size) {
                 crate::plan::keys::KeyPlan::File(rel) => rel,

@@ -181,6 +181,7 @@ mod tests {
                     etag: "\"e\"".into(),
                     last_modified: None,
                     version_id: None,
+                    sealed: None,
                 };
                 (entry, rel)
             })

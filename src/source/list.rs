@@ -184,6 +184,7 @@ pub(crate) async fn list_latest_versions(
                     .version_id()
                     .filter(|id| *id != "null")
                     .map(str::to_string),
+                sealed: None,
             });
         }
         if page.is_truncated() != Some(true) {

@@ -160,6 +160,7 @@ impl ObjectSource for MemorySource {
                 etag: object.etag.clone(),
                 last_modified: None,
                 version_id: None,
+                sealed: None,
             })
             .collect();
         let page = ListPage {

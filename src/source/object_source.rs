@@ -28,6 +28,9 @@ pub(crate) struct ObjectEntry {
     pub last_modified: Option<SystemTime>,
     /// The version, where the object comes from a snapshot of a versioned bucket.
     pub version_id: Option<String>,
+    /// The BLAKE3 of this version's bytes, where a sealed snapshot recorded it: bytes that do
+    /// not match are never published.
+    pub sealed: Option<[u8; 32]>,
 }
 
 /// One page of a listing.

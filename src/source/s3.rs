@@ -101,6 +101,7 @@ impl ObjectSource for S3Source {
                     etag: object.e_tag().unwrap_or_default().to_string(),
                     last_modified: timestamp(object.last_modified()),
                     version_id: None,
+                    sealed: None,
                 })
                 .collect();
             Ok(ListPage {

@@ -8,6 +8,7 @@ use std::process::{Output, Stdio};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
+use crate::support::faults::{Fault, Rule};
 use crate::support::{
     assert_mirror, content, corrupt_keeping_mtime, files, temp_dest, Server, MIB, VERSIONED_BUCKET,
 };
@@ -630,4 +631,99 @@ fn delete_keeps_local_copies_when_objects_failed() {
         dest.join("stale.txt").exists(),
         "nothing is deleted by a run that failed"
     );
+}
+
+/// A snapshot sealed from a DEST that hydrated it records each object's BLAKE3; a hydration of
+/// the sealed snapshot whose bytes differ from the seal (here a byte flipped in transit, which
+/// no checksum of the server covers) publishes nothing of that object and names it.
+#[test]
+fn a_sealed_snapshot_publishes_no_byte_that_differs_from_the_seal() {
+    let server = Server::local();
+    let expected = files(&[
+        ("big.bin", content(150, 3 * MIB)),
+        ("small.txt", content(151, 100)),
+    ]);
+    server.seed_without_checksum("sealed/", &expected);
+    let (dir, lock, _) = make_snapshot(&server, "sealed/");
+    let sealer = dir.path().join("sealer");
+    let first = sync_snapshot(&server, &lock, &sealer, &[]);
+    assert_eq!(code(&first), 0, "{}", text(&first));
+
+    let sealed_lock = dir.path().join("sealed.lock");
+    let url = format!("s3://{}/sealed/", server.target.bucket);
+    let seal = |from: &Path, dest: &Path| {
+        server.hydrator(&[
+            OsStr::new("snapshot"),
+            OsStr::new(&url),
+            OsStr::new("--from"),
+            from.as_os_str(),
+            OsStr::new("--seal"),
+            dest.as_os_str(),
+            OsStr::new("-o"),
+            sealed_lock.as_os_str(),
+        ])
+    };
+    let made = seal(&lock, &sealer);
+    assert_eq!(code(&made), 0, "{}", text(&made));
+    assert!(
+        text(&made).contains("sealed with the BLAKE3"),
+        "{}",
+        text(&made)
+    );
+    let sealed: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&sealed_lock).unwrap()).unwrap();
+    assert_eq!(sealed["version"], 2);
+    for entry in sealed["entries"].as_array().unwrap() {
+        let key = entry["key"].as_str().unwrap().trim_start_matches("sealed/");
+        let hash = blake3::hash(&expected[key]).to_hex().to_string();
+        assert_eq!(entry["blake3"], hash.as_str(), "{key}");
+    }
+    // An empty DEST seals nothing: the error says what to do.
+    let refused = seal(&lock, &dir.path().join("empty"));
+    assert_eq!(code(&refused), 2, "{}", text(&refused));
+    assert!(
+        text(&refused).contains("sync the snapshot into it first"),
+        "{}",
+        text(&refused)
+    );
+
+    // A byte flipped on the way, in an object the server sends without a checksum.
+    server.faults.add(Rule {
+        ranged_only: false,
+        ..Rule::get("sealed/big.bin", Fault::CorruptBody(MIB + 7)).times(usize::MAX)
+    });
+    let node = dir.path().join("node");
+    let run = sync_snapshot(&server, &sealed_lock, &node, &[]);
+    assert_ne!(code(&run), 0, "{}", text(&run));
+    assert!(
+        text(&run).contains("sealed/big.bin")
+            && text(&run).contains("do not match the sealed snapshot"),
+        "{}",
+        text(&run)
+    );
+    assert!(ready(&node).is_none());
+    assert!(!node.join("big.bin").exists(), "not published");
+    let leftovers: Vec<_> = std::fs::read_dir(&node)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|name| name.to_string_lossy().contains("partial"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    assert_eq!(
+        std::fs::read(node.join("small.txt")).unwrap(),
+        expected["small.txt"]
+    );
+
+    // The same bytes, unsealed, would have been published: the seal is what caught them.
+    let unsealed_dest = dir.path().join("unsealed");
+    let unsealed = sync_snapshot(&server, &lock, &unsealed_dest, &[]);
+    assert_eq!(code(&unsealed), 0, "{}", text(&unsealed));
+    assert_ne!(
+        std::fs::read(unsealed_dest.join("big.bin")).unwrap(),
+        expected["big.bin"]
+    );
+    server.faults.clear();
+    let again = sync_snapshot(&server, &sealed_lock, &node, &[]);
+    assert_eq!(code(&again), 0, "{}", text(&again));
+    assert_mirror(&node, &expected);
 }

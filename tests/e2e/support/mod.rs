@@ -289,6 +289,31 @@ impl Server {
         });
     }
 
+    /// Uploads `files` under `prefix` without a checksum, so the server sends them without one.
+    pub fn seed_without_checksum(&self, prefix: &str, files: &BTreeMap<String, Vec<u8>>) {
+        let config = self
+            .client
+            .config()
+            .to_builder()
+            .request_checksum_calculation(
+                aws_sdk_s3::config::RequestChecksumCalculation::WhenRequired,
+            )
+            .build();
+        let client = aws_sdk_s3::Client::from_conf(config);
+        self.runtime.block_on(async {
+            for (path, data) in files {
+                client
+                    .put_object()
+                    .bucket(&self.target.bucket)
+                    .key(format!("{prefix}{path}"))
+                    .body(data.clone().into())
+                    .send()
+                    .await
+                    .unwrap_or_else(|e| panic!("seeding {path}: {e:?}"));
+            }
+        });
+    }
+
     /// Runs `hydrator ARGS...` with this server's endpoint and credentials in the environment.
     pub fn hydrator(&self, args: &[&std::ffi::OsStr]) -> Output {
         let mut command = hydrator_command(&self.target);
