@@ -375,6 +375,15 @@ pub struct SyncOptions {
         help_heading = "Filters"
     )]
     pub exclude: Vec<String>,
+    /// Only this share of the dataset, INDEX/COUNT (e.g. 2/8): the objects whose path hashes to
+    /// INDEX. The COUNT shares are disjoint and together the whole dataset.
+    #[arg(
+        long,
+        env = "HYDRATOR_SHARD",
+        value_name = "INDEX/COUNT",
+        help_heading = "Filters"
+    )]
+    pub(crate) shard: Option<crate::plan::shard::Shard>,
     /// Write backend: auto probes io_uring and falls back to pwrite.
     #[arg(
         long,
@@ -548,6 +557,7 @@ impl SyncOptions {
             part_size: self.part_size,
             include: self.include.clone(),
             exclude: self.exclude.clone(),
+            shard: self.shard,
             io_backend: self.io_backend,
             direct_io: self.direct_io,
             report: self.report.clone(),

@@ -12,6 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::UsageError;
+use crate::plan::filter::KeyFilter;
+use crate::plan::shard::Shard;
 use crate::snapshot::Snapshot;
 use crate::source::client::{ClientSettings, StaticCredentials};
 use crate::source::url::S3Url;
@@ -53,6 +55,8 @@ pub(crate) struct SyncConfig {
     part_size: u64,
     pub include: Vec<String>,
     pub exclude: Vec<String>,
+    /// Only this share of the dataset (`--shard`).
+    pub shard: Option<Shard>,
     pub io_backend: IoBackendChoice,
     pub direct_io: bool,
     pub report: Option<PathBuf>,
@@ -94,6 +98,7 @@ impl SyncConfig {
             part_size: DEFAULT_PART_SIZE,
             include: vec![],
             exclude: vec![],
+            shard: None,
             io_backend: IoBackendChoice::Auto,
             direct_io: false,
             report: None,
@@ -106,6 +111,11 @@ impl SyncConfig {
             dry_run: false,
             allow_empty: false,
         }
+    }
+
+    /// The paths the run takes: `--include`, `--exclude` and `--shard`.
+    pub(crate) fn key_filter(&self) -> Result<KeyFilter, UsageError> {
+        Ok(KeyFilter::new(&self.include, &self.exclude)?.in_shard(self.shard))
     }
 
     /// Where the S3 server is and how to talk to it.
@@ -199,6 +209,7 @@ pub(crate) struct SyncConfigBuilder {
     pub part_size: u64,
     pub include: Vec<String>,
     pub exclude: Vec<String>,
+    pub shard: Option<Shard>,
     pub io_backend: IoBackendChoice,
     pub direct_io: bool,
     pub report: Option<PathBuf>,
@@ -237,6 +248,7 @@ impl SyncConfigBuilder {
             part_size: self.part_size,
             include: self.include,
             exclude: self.exclude,
+            shard: self.shard,
             io_backend: self.io_backend,
             direct_io: self.direct_io,
             report: self.report,

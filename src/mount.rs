@@ -29,7 +29,6 @@ use crate::console::Level;
 use crate::engine::schedule::Schedule;
 use crate::engine::{self, rate::Rates, Budget, Hooks, Outcome};
 use crate::error::{Exit, IoContext, LocalError, SyncError, UsageError};
-use crate::plan::filter::KeyFilter;
 use crate::source::list::{self, ObjectEntry};
 use crate::source::object_source::ObjectSource;
 use crate::source::s3::S3Source;
@@ -194,7 +193,7 @@ fn plan_view(
     cfg: &SyncConfig,
     listed: &[ObjectEntry],
 ) -> Result<(tree::Tree, Vec<String>), SyncError> {
-    let filter = KeyFilter::new(&cfg.include, &cfg.exclude)?;
+    let filter = cfg.key_filter()?;
     let (tree, keys) = tree::Tree::of_listing(&cfg.source.prefix, &filter, listed);
     if tree.files() == 0 && !cfg.allow_empty {
         return Err(UsageError::new(format!(

@@ -4,3 +4,4 @@
 pub(crate) mod filter;
 pub(crate) mod keys;
 pub(crate) mod parts;
+pub(crate) mod shard;

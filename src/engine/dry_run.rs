@@ -47,7 +47,7 @@ pub(super) async fn run(
     mut stop: Option<watch::Receiver<bool>>,
 ) -> Result<Outcome, SyncError> {
     let started = Instant::now();
-    let filter = KeyFilter::new(&cfg.include, &cfg.exclude)?;
+    let filter = cfg.key_filter()?;
     let dest = Dest::open_existing(&cfg.dest).map_err(|err| dest_unusable(cfg, err))?;
     let state_path = cfg.dest.join(STATE_DIR);
     let state_dir = match &dest {

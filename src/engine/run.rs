@@ -205,7 +205,7 @@ async fn prepare(
     stop: &mut Option<watch::Receiver<bool>>,
     started: Instant,
 ) -> Result<Start, SyncError> {
-    let filter = KeyFilter::new(&cfg.include, &cfg.exclude)?;
+    let filter = cfg.key_filter()?;
     let dest = match &cfg.dest_anchor {
         Some(anchor) => Dest::open_beneath(anchor, &cfg.dest),
         None => Dest::open(&cfg.dest),
@@ -687,6 +687,7 @@ pub(super) async fn empty_selection(
                 .iter()
                 .map(|glob| format!("--include {glob:?}"))
                 .chain(cfg.exclude.iter().map(|glob| format!("--exclude {glob:?}")))
+                .chain(cfg.shard.map(|shard| format!("--shard {shard}")))
                 .collect::<Vec<_>>()
                 .join(" ");
             format!("{origin} lists {n} objects and the filters ({filters}) keep none of them")
@@ -776,6 +777,7 @@ fn write_ready(cfg: &SyncConfig, state_dir: &Dir, folded: &Folded) -> std::io::R
             snapshot: cfg.snapshot.as_ref().map(|s| s.digest.clone()),
             include: cfg.include.clone(),
             exclude: cfg.exclude.clone(),
+            shard: cfg.shard.map(|shard| shard.to_string()),
             completed_at: crate::units::now_rfc3339(),
         },
     )
@@ -794,6 +796,7 @@ pub(super) fn snapshot_already_there(
         r.snapshot.as_deref() == Some(snapshot.digest.as_str())
             && r.include == cfg.include
             && r.exclude == cfg.exclude
+            && r.shard == cfg.shard.map(|shard| shard.to_string())
     })?;
     tracing::info!("DEST already holds snapshot {} (READY)", snapshot.digest);
     let stats = Stats::default();

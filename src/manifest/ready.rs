@@ -27,6 +27,9 @@ pub(crate) struct Ready {
     /// The `--include` / `--exclude` globs that selected the dataset.
     pub include: Vec<String>,
     pub exclude: Vec<String>,
+    /// The `--shard` (INDEX/COUNT) the dataset is a share of, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<String>,
     pub completed_at: String,
 }
 

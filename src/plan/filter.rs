@@ -1,13 +1,16 @@
-//! `--include` / `--exclude` globs, matched against the path relative to the prefix.
-//! A path is taken when it matches some include (or there are none) and no exclude.
+//! `--include` / `--exclude` globs, matched against the path relative to the prefix, and the
+//! `--shard`. A path is taken when it matches some include (or there are none) and no exclude,
+//! and is in the shard (if one is given).
 
 use globset::{Glob, GlobSet, GlobSetBuilder};
 
+use super::shard::Shard;
 use crate::error::UsageError;
 
 pub(crate) struct KeyFilter {
     include: Option<GlobSet>,
     exclude: GlobSet,
+    shard: Option<Shard>,
 }
 
 impl KeyFilter {
@@ -20,7 +23,13 @@ impl KeyFilter {
         Ok(Self {
             include,
             exclude: build(exclude, "--exclude")?,
+            shard: None,
         })
+    }
+
+    /// Takes only the paths in `shard`, too.
+    pub(crate) fn in_shard(self, shard: Option<Shard>) -> Self {
+        Self { shard, ..self }
     }
 
     pub(crate) fn accepts(&self, relative: &str) -> bool {
@@ -28,6 +37,7 @@ impl KeyFilter {
             .as_ref()
             .is_none_or(|set| set.is_match(relative))
             && !self.exclude.is_match(relative)
+            && self.shard.is_none_or(|shard| shard.holds(relative))
     }
 }
 

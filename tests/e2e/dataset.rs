@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use crate::support::faults::{Fault, Rule};
 use crate::support::{
-    assert_mirror, content, corrupt_keeping_mtime, files, temp_dest, Server, MIB, VERSIONED_BUCKET,
+    assert_mirror, content, corrupt_keeping_mtime, files, read_tree, temp_dest, Server, MIB,
+    VERSIONED_BUCKET,
 };
 
 fn ready(dest: &Path) -> Option<serde_json::Value> {
@@ -726,4 +727,58 @@ fn a_sealed_snapshot_publishes_no_byte_that_differs_from_the_seal() {
     let again = sync_snapshot(&server, &sealed_lock, &node, &[]);
     assert_eq!(code(&again), 0, "{}", text(&again));
     assert_mirror(&node, &expected);
+}
+
+/// `--shard I/4` on four nodes: shares that are disjoint, whose union is the dataset, the same
+/// in every run, each READY and verified on its own.
+#[test]
+fn four_shards_are_disjoint_stable_and_together_the_dataset() {
+    let server = Server::local();
+    let expected: BTreeMap<String, Vec<u8>> = (0..40)
+        .map(|i| {
+            (
+                format!("train/{i:03}.tar"),
+                content(160 + i, 1000 + i as usize),
+            )
+        })
+        .collect();
+    server.seed("shards/", &expected);
+    let dir = tempfile::tempdir().unwrap();
+    let hydrate = |index: usize, round: &str| {
+        let dest = dir.path().join(format!("{round}-{index}"));
+        let run = server.sync("shards/", &dest, &["--shard", &format!("{index}/4")]);
+        run.assert_code(0);
+        let share = read_tree(&dest);
+        (dest, share)
+    };
+    let mut union = BTreeMap::new();
+    for index in 0..4 {
+        let (dest, share) = hydrate(index, "first");
+        assert!(
+            !share.is_empty() && share.len() < expected.len(),
+            "{index}: {}",
+            share.len()
+        );
+        let ready = ready(&dest).unwrap();
+        assert_eq!(ready["shard"], format!("{index}/4"));
+        assert_eq!(ready["objects"], share.len());
+        let checked = verify(&server, &dest, false);
+        assert_eq!(code(&checked), 0, "{}", text(&checked));
+        let (_, again) = hydrate(index, "second");
+        assert_eq!(again, share, "the same share in every run");
+        for (path, data) in share {
+            assert!(
+                union.insert(path.clone(), data).is_none(),
+                "{path} in two shares"
+            );
+        }
+    }
+    assert_eq!(union, expected, "together the dataset");
+    let refused = server.sync("shards/", &dir.path().join("bad"), &["--shard", "4/4"]);
+    refused.assert_code(2);
+    assert!(
+        refused.stderr().contains("INDEX/COUNT"),
+        "{}",
+        refused.stderr()
+    );
 }
