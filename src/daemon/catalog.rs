@@ -15,6 +15,7 @@ use super::access::{self, Access, RawRules};
 use super::identity::Token;
 use crate::config::{self, ProgressMode, SyncConfig, SyncConfigBuilder};
 use crate::error::UsageError;
+use crate::plan::shard::Shard;
 use crate::source::client::StaticCredentials;
 use crate::source::url::S3Url;
 
@@ -116,6 +117,7 @@ struct RawDataset {
     allow_empty: bool,
     #[serde(default)]
     start: Start,
+    shard: Option<String>,
     namespaces: Option<Vec<String>>,
     service_accounts: Option<Vec<String>>,
 }
@@ -232,6 +234,8 @@ pub(crate) struct Dataset {
     /// How long a ready copy of an unpinned dataset is handed out before the source is listed
     /// again for a newer version.
     pub refresh: Duration,
+    /// Only this node's share of the dataset (a catalog rendered per node or node pool).
+    pub shard: Option<Shard>,
 }
 
 impl Dataset {
@@ -252,6 +256,7 @@ impl Dataset {
             concurrency,
             progress: ProgressMode::None,
             allow_empty: self.allow_empty,
+            shard: self.shard,
             ..SyncConfig::builder(self.source.clone(), dest)
         }
         .build()
@@ -628,6 +633,17 @@ fn dataset(
     if raw.no_sign_request && (raw.access_key_id_env.is_some() || raw.profile.is_some()) {
         problem("no_sign_request sends no credentials: drop the credentials or the profile".into());
     }
+    let shard = raw.shard.as_deref().and_then(|text| {
+        text.parse::<Shard>()
+            .map_err(|why| problem(format!("shard {why}")))
+            .ok()
+    });
+    if raw.shard.is_some() && raw.start == Start::Lazy {
+        problem(
+            "a lazy view shows the whole dataset: give start = \"lazy\" or a shard, not both"
+                .into(),
+        );
+    }
     let source = source?;
     let pinned = match &raw.snapshot {
         None => None,
@@ -663,6 +679,7 @@ fn dataset(
         start: raw.start,
         access: Access::Open,
         refresh: Duration::from_secs(raw.refresh_seconds.unwrap_or(DEFAULT_REFRESH)),
+        shard,
     })
 }
 
@@ -779,6 +796,8 @@ mod tests {
             source = "s3://datasets/x/"
             [datasets.b]
             source = "http://not-s3/"
+            shard = "2/2"
+            start = "lazy"
             access_key_id_env = "MISSING"
             secret_access_key_env = "SECRET"
         "#;
@@ -789,6 +808,8 @@ mod tests {
             "listen.tcp needs listen.token_file or listen.tokens",
             "listen.socket_mode",
             "listen.probes \"7071\" must be IP:PORT",
+            "dataset \"b\": shard \"2/2\": a shard is INDEX/COUNT",
+            "dataset \"b\": a lazy view shows the whole dataset",
             "dataset \"../etc\": names are",
             "dataset \"b\": invalid source URL",
             "MISSING is not set",

@@ -10,7 +10,7 @@ use std::time::Duration;
 use crate::support::daemon::{catalog, daemon_command, dataset, Daemon, DatasetSpec, TOKEN};
 use crate::support::faults::{Fault, Rule};
 use crate::support::{
-    assert_mirror, content, files, records_durable_parts, wait_until, Server, MIB,
+    assert_mirror, content, files, read_tree, records_durable_parts, wait_until, Server, MIB,
 };
 
 fn stdout(output: &std::process::Output) -> String {
@@ -1414,4 +1414,27 @@ fn a_dataset_directory_replaced_by_a_symlink_is_never_written_through() {
         before.len(),
         "no snapshot made through the symlink"
     );
+}
+
+#[test]
+fn a_catalog_shard_hydrates_that_share_only() {
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    let all = dataset_files(7, 12, 100);
+    server.seed("half/", &all);
+    let spec = DatasetSpec {
+        extra: "shard = \"1/2\"",
+        ..dataset("half", "half/")
+    };
+    let text = catalog(dir.path(), &server.target, "1GiB", "", &[spec]);
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    let warmed = daemon.warm("half", &[]);
+    assert_ok(&warmed, &daemon);
+    let path = PathBuf::from(daemon.status("half")["path"].as_str().unwrap());
+    let held = read_tree(&path);
+    assert!(!held.is_empty() && held.len() < all.len(), "{}", held.len());
+    assert!(held.iter().all(|(name, data)| all[name] == *data));
+    let ready: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(path.join(".hydrator/READY")).unwrap()).unwrap();
+    assert_eq!(ready["shard"], "1/2");
 }
