@@ -264,6 +264,7 @@ impl Plugin {
             }
         }
         let served = self.served(&ask.dataset, ask.start, &ask.pod).await?;
+        let chosen_by_pod = ask.snapshot.is_some();
         let snapshot = ask.snapshot.clone().unwrap_or(served.snapshot.clone());
         let dir = snapshot_dir(&served.dir, &snapshot)?;
         real_directories(&dir)?;
@@ -276,7 +277,9 @@ impl Plugin {
             target: ask.target,
         };
         self.volumes.write(&volume).map_err(local)?;
-        self.lease(&volume).await?;
+        self.lease(&volume)
+            .await
+            .map_err(|refusal| served_snapshot_gone(refusal, chosen_by_pod))?;
         let mounted = match volume.lazy {
             true => {
                 let client = self.client.clone();
@@ -712,6 +715,19 @@ fn hydrating(dataset: &str, status: &DatasetStatus) -> String {
     )
 }
 
+/// A lease refused because the snapshot the daemon had just served was evicted before it
+/// could be leased (another hydration needed the room) is worth a retry, which warms the
+/// dataset again; a snapshot the pod asked for by name that is gone is not.
+fn served_snapshot_gone(refusal: Status, chosen_by_pod: bool) -> Status {
+    match refusal.code() {
+        tonic::Code::FailedPrecondition if !chosen_by_pod => Status::unavailable(format!(
+            "{}; the publish is tried again with the snapshot the node holds then",
+            refusal.message()
+        )),
+        _ => refusal,
+    }
+}
+
 /// A daemon's refusal as the gRPC code a CO understands.
 fn refused(code: StatusCode, why: &str) -> Status {
     match code {
@@ -735,4 +751,29 @@ fn daemon_unreachable(err: CallError) -> Status {
 
 fn local(err: std::io::Error) -> Status {
     Status::internal(err.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_served_snapshot_evicted_before_its_lease_is_retried_and_a_named_one_is_not() {
+        let gone = || Status::failed_precondition("dataset \"a\" has no ready snapshot 00ff");
+        let retried = served_snapshot_gone(gone(), false);
+        assert_eq!(retried.code(), tonic::Code::Unavailable);
+        assert!(
+            retried.message().contains("no ready snapshot 00ff"),
+            "{retried:?}"
+        );
+        assert_eq!(
+            served_snapshot_gone(gone(), true).code(),
+            tonic::Code::FailedPrecondition
+        );
+        let denied = Status::permission_denied("no");
+        assert_eq!(
+            served_snapshot_gone(denied, false).code(),
+            tonic::Code::PermissionDenied
+        );
+    }
 }

@@ -12,5 +12,6 @@ mod docs;
 mod dry_run;
 mod front_door;
 mod mount;
+mod soak;
 mod sync;
 mod torture;

@@ -1,6 +1,7 @@
 //! Running the real `hydrator csi` plugin beside a test daemon and calling it the way the
 //! kubelet does: gRPC over its unix socket, with a client built from the same CSI proto.
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::sync::Mutex;
@@ -14,17 +15,19 @@ use hyper_util::rt::TokioIo;
 use tonic::transport::Channel;
 
 use super::daemon::Daemon;
-use super::mounts_on;
+
+/// How long the kubelet waits for the answer to a CSI call before it gives up on it.
+pub const CALL_BUDGET: Duration = Duration::from_secs(120);
 
 /// A running plugin with `DIR/pods` as the kubelet's pods directory; killed when dropped, and
-/// every target it was asked to publish is unmounted, so a failed test leaves no mount behind.
+/// whatever is still mounted under `DIR/pods` is unmounted, so a failed test leaves no mount
+/// behind. Other threads may call it while one kills and restarts it.
 pub struct Csi {
-    pub child: Child,
+    child: Mutex<Child>,
     pub socket: PathBuf,
     dir: PathBuf,
     daemon_socket: PathBuf,
     runtime: tokio::runtime::Runtime,
-    targets: Mutex<Vec<PathBuf>>,
 }
 
 /// One inline ephemeral volume of a pod, as the kubelet describes it.
@@ -55,12 +58,11 @@ impl Csi {
         let socket = dir.join("csi.sock");
         let child = spawn(dir, &socket, &daemon.socket);
         let csi = Self {
-            child,
+            child: Mutex::new(child),
             socket,
             dir: dir.to_path_buf(),
             daemon_socket: daemon.socket.clone(),
             runtime: tokio::runtime::Runtime::new().unwrap(),
-            targets: Mutex::default(),
         };
         csi.wait_until_ready();
         csi
@@ -78,17 +80,54 @@ impl Csi {
         std::fs::read_to_string(self.dir.join("csi.log")).unwrap_or_default()
     }
 
+    /// The process id of the running plugin.
+    pub fn pid(&self) -> u32 {
+        self.child().id()
+    }
+
+    fn child(&self) -> std::sync::MutexGuard<'_, Child> {
+        self.child
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     /// SIGKILL, as a crash or an OOM kill would end it; published mounts stay.
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    pub fn kill(&self) {
+        let mut child = self.child();
+        let _ = child.kill();
+        let _ = child.wait();
     }
 
     /// Kills the plugin and starts it again, as a crash and the DaemonSet's restart would.
     pub fn restart(&mut self) {
-        self.kill();
-        self.child = spawn(&self.dir, &self.socket, &self.daemon_socket);
+        self.kill_and_restart(Duration::ZERO);
+    }
+
+    /// [`Csi::restart`] while other threads may be calling the plugin, with the plugin down for
+    /// `down` in between (the DaemonSet's back-off): their calls fail meanwhile, as the
+    /// kubelet's would.
+    pub fn kill_and_restart(&self, down: Duration) {
+        let mut child = self.child();
+        let _ = child.kill();
+        let _ = child.wait();
+        std::thread::sleep(down);
+        *child = spawn(&self.dir, &self.socket, &self.daemon_socket);
+        drop(child);
         self.wait_until_ready();
+    }
+
+    /// One call, given up after [`CALL_BUDGET`] as the kubelet does (`DEADLINE_EXCEEDED`).
+    fn call<T>(
+        &self,
+        call: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T, tonic::Status> {
+        let timed = async { tokio::time::timeout(CALL_BUDGET, call).await };
+        match self.runtime.block_on(timed) {
+            Ok(answer) => answer.map(tonic::Response::into_inner),
+            Err(_) => Err(tonic::Status::deadline_exceeded(format!(
+                "no answer within {CALL_BUDGET:?}, the kubelet's budget"
+            ))),
+        }
     }
 
     fn channel(&self) -> Result<Channel, tonic::Status> {
@@ -110,32 +149,24 @@ impl Csi {
 
     pub fn probe(&self) -> Result<bool, tonic::Status> {
         let mut client = IdentityClient::new(self.channel()?);
-        let answer = self.runtime.block_on(client.probe(ProbeRequest {}))?;
-        Ok(answer.into_inner().ready == Some(true))
+        let answer = self.call(client.probe(ProbeRequest {}))?;
+        Ok(answer.ready == Some(true))
     }
 
     pub fn plugin_info(&self) -> GetPluginInfoResponse {
         let mut client = IdentityClient::new(self.channel().unwrap());
-        let answer = self
-            .runtime
-            .block_on(client.get_plugin_info(GetPluginInfoRequest {}));
-        answer.unwrap().into_inner()
+        self.call(client.get_plugin_info(GetPluginInfoRequest {}))
+            .unwrap()
     }
 
     pub fn node_info(&self) -> NodeGetInfoResponse {
         let mut client = NodeClient::new(self.channel().unwrap());
-        let answer = self
-            .runtime
-            .block_on(client.node_get_info(NodeGetInfoRequest {}));
-        answer.unwrap().into_inner()
+        self.call(client.node_get_info(NodeGetInfoRequest {}))
+            .unwrap()
     }
 
     /// One NodePublishVolume call; the target's parent is made first, as the kubelet does.
     pub fn publish(&self, volume: &Volume) -> Result<(), tonic::Status> {
-        self.targets
-            .lock()
-            .unwrap()
-            .push(volume.target.to_path_buf());
         if let Some(parent) = volume.target.parent() {
             std::fs::create_dir_all(parent).unwrap();
         }
@@ -167,9 +198,7 @@ impl Csi {
             ..Default::default()
         };
         let mut client = NodeClient::new(self.channel()?);
-        self.runtime
-            .block_on(client.node_publish_volume(request))
-            .map(|_| ())
+        self.call(client.node_publish_volume(request)).map(|_| ())
     }
 
     /// Publishes, retrying while the plugin answers UNAVAILABLE (as the kubelet does); returns
@@ -204,9 +233,7 @@ impl Csi {
             volume_path: target.display().to_string(),
             ..Default::default()
         };
-        self.runtime
-            .block_on(client.node_get_volume_stats(request))
-            .map(|answer| answer.into_inner())
+        self.call(client.node_get_volume_stats(request))
     }
 
     pub fn unpublish(&self, id: &str, target: &Path) -> Result<(), tonic::Status> {
@@ -215,25 +242,58 @@ impl Csi {
             volume_id: id.into(),
             target_path: target.display().to_string(),
         };
-        self.runtime
-            .block_on(client.node_unpublish_volume(request))
-            .map(|_| ())
+        self.call(client.node_unpublish_volume(request)).map(|_| ())
     }
 }
 
 impl Drop for Csi {
     fn drop(&mut self) {
         self.kill();
-        for target in self.targets.lock().unwrap().iter() {
-            while mounts_on(target) > 0 {
+        let pods = self.dir.join("pods");
+        // Stacked mounts come off one per pass.
+        for _ in 0..8 {
+            let mounted = mounts_under(&pods);
+            if mounted.is_empty() {
+                break;
+            }
+            for target in mounted.iter().rev() {
                 let path = std::ffi::CString::new(target.as_os_str().as_encoded_bytes()).unwrap();
                 // SAFETY: a valid NUL-terminated path; detaching cannot touch anything else.
-                if unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) } != 0 {
-                    break;
-                }
+                unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
             }
         }
     }
+}
+
+/// The `(root, mount point)` of every mount in this mount namespace, bottom to top.
+fn mount_table() -> Vec<(PathBuf, PathBuf)> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    table
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split(' ').skip(3);
+            let root = fields.next()?;
+            Some((PathBuf::from(root), PathBuf::from(fields.next()?)))
+        })
+        .collect()
+}
+
+/// Every mount point under `dir` (one per mount: stacked mounts repeat), bottom to top.
+pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    mount_table()
+        .into_iter()
+        .map(|(_, point)| point)
+        .filter(|point| point.starts_with(dir) && point != dir)
+        .collect()
+}
+
+/// The snapshot digest bound on `target` (the last name of the topmost mount's source
+/// directory, `ROOT/NAME/DIGEST`): what a pod there reads, whatever the plugin recorded.
+pub fn mounted_snapshot(target: &Path) -> Option<String> {
+    let (root, _) = mount_table()
+        .into_iter()
+        .rfind(|(_, point)| point == target)?;
+    Some(root.file_name()?.to_string_lossy().into_owned())
 }
 
 /// `hydrator csi` for the daemon on `daemon_socket`, logging into `dir/csi.log`.

@@ -75,32 +75,43 @@ impl Daemon {
     pub fn start(dir: &Path, target: &S3Target, catalog: &str) -> Self {
         std::fs::write(dir.join("token"), TOKEN).unwrap();
         std::fs::write(dir.join("catalog.toml"), catalog).unwrap();
-        let child = daemon_command(target, dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(
-                std::fs::File::create(dir.join("daemon.log")).unwrap(),
-            ))
-            .spawn()
-            .unwrap();
+        let log = std::fs::File::create(dir.join("daemon.log")).unwrap();
         let mut daemon = Self {
-            child,
+            child: spawn(target, dir, log),
             dir: dir.to_path_buf(),
             socket: dir.join("hydrator.sock"),
             target: target.clone(),
         };
+        daemon.wait_until_ready();
+        daemon
+    }
+
+    fn wait_until_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(20);
-        while daemon.try_request("GET", "/readyz", "").is_none() {
-            if let Some(status) = daemon.child.try_wait().unwrap() {
-                panic!("the daemon exited with {status}:\n{}", daemon.log());
+        while self.try_request("GET", "/readyz", "").is_none() {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!("the daemon exited with {status}:\n{}", self.log());
             }
-            assert!(
-                Instant::now() < deadline,
-                "daemon not up:\n{}",
-                daemon.log()
-            );
+            assert!(Instant::now() < deadline, "daemon not up:\n{}", self.log());
             std::thread::sleep(Duration::from_millis(50));
         }
-        daemon
+    }
+
+    /// SIGKILL, as a crash or an OOM kill would end it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the daemon again on the same catalog and directory (after [`Daemon::kill`], as
+    /// the DaemonSet would), its log appended to the previous lives'; waits until it answers.
+    pub fn start_again(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.dir.join("daemon.log"))
+            .unwrap();
+        self.child = spawn(&self.target, &self.dir, log);
+        self.wait_until_ready();
     }
 
     pub fn log(&self) -> String {
@@ -135,6 +146,20 @@ impl Daemon {
         http(stream, method, path, body, None)
     }
 
+    /// A bodiless request over the unix socket that gives up after `limit` without an answer
+    /// (a daemon that is down or restarting): `None`.
+    pub fn request_within(
+        &self,
+        method: &str,
+        path: &str,
+        limit: Duration,
+    ) -> Option<(u16, String)> {
+        let stream = std::os::unix::net::UnixStream::connect(&self.socket).ok()?;
+        stream.set_read_timeout(Some(limit)).ok()?;
+        stream.set_write_timeout(Some(limit)).ok()?;
+        http(stream, method, path, "", None)
+    }
+
     /// A request over TCP with `token` as the bearer token.
     pub fn tcp_request(&self, method: &str, path: &str, body: &str, token: &str) -> (u16, String) {
         let addr = self.tcp_addr();
@@ -145,9 +170,10 @@ impl Daemon {
     /// The TCP address the daemon logged (it binds port 0).
     pub fn tcp_addr(&self) -> String {
         let log = self.log();
+        // The last life's, when the daemon was started again.
         let line = log
             .lines()
-            .find(|l| l.contains("listening on http://"))
+            .rfind(|l| l.contains("listening on http://"))
             .expect("the TCP listener is logged");
         let start = line.find("http://").unwrap() + "http://".len();
         line[start..].split_whitespace().next().unwrap().to_string()
@@ -186,9 +212,17 @@ impl Daemon {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.kill();
     }
+}
+
+/// The daemon on `dir`'s catalog, logging into `log`.
+fn spawn(target: &S3Target, dir: &Path, log: std::fs::File) -> Child {
+    daemon_command(target, dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log))
+        .spawn()
+        .unwrap()
 }
 
 /// `hydrator daemon --config DIR/catalog.toml` with the test credentials in the environment.
