@@ -17,5 +17,4 @@ if ! command -v protoc >/dev/null || ! dpkg -s libclang-dev >/dev/null 2>&1; the
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq protobuf-compiler libclang-dev >/dev/null
 fi
 echo "installing dragonfly-client $version (dfdaemon, dfget): most of an hour on 2 cores"
-nice -n 19 cargo install dragonfly-client --version "$version" --locked \
-    --bin dfdaemon --bin dfget --target-dir "$HOME/.cache/hydrator-tests/dragonfly-build"
+nice -n 19 cargo install dragonfly-client --version "$version" --locked --bin dfdaemon --bin dfget

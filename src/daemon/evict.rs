@@ -244,6 +244,11 @@ async fn evict(daemon: &Arc<Daemon>, candidate: &Candidate, pressure: Pressure) 
                 .map(|(d, _)| d.clone());
             entry.checked_at = None;
         }
+        // The back-off was earned by refreshes while a snapshot was served; with nothing left
+        // to serve, the next request may hydrate at once.
+        if entry.current.is_none() {
+            (entry.failures, entry.failed_at) = (0, None);
+        }
     }
     tracing::info!(
         dataset = %name,

@@ -1438,3 +1438,32 @@ fn a_catalog_shard_hydrates_that_share_only() {
         serde_json::from_slice(&std::fs::read(path.join(".hydrator/READY")).unwrap()).unwrap();
     assert_eq!(ready["shard"], "1/2");
 }
+
+#[test]
+fn a_dataset_whose_last_snapshot_was_evicted_hydrates_at_once_whatever_its_refreshes_failed() {
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["a", "b"] {
+        let files = files(&[("data.bin", content(name.as_bytes()[0] as u64, MIB))]);
+        server.seed(&format!("{name}/"), &files);
+    }
+    let specs = [dataset("a", "a/"), dataset("b", "b/")];
+    let text = catalog(dir.path(), &server.target, "1536KiB", "", &specs);
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    assert_ok(&daemon.warm("a", &[]), &daemon);
+    // A refresh of a fails (every listing is refused): a is served as it is, and backs off.
+    server
+        .faults
+        .add(Rule::listing(Fault::Status(503, "SlowDown")).times(usize::MAX));
+    assert_ok(&daemon.warm("a", &[]), &daemon);
+    wait_until("the refresh fails", Duration::from_secs(20), || {
+        daemon.status("a")["last_error"].is_string()
+    });
+    server.faults.clear();
+    // b needs the room: a, served no more, is evicted.
+    assert_ok(&daemon.warm("b", &[]), &daemon);
+    assert_eq!(daemon.status("a")["state"], "absent");
+    // Nothing of a is left to serve, so its refreshes' back-off does not hold it back.
+    let again = daemon.warm("a", &[]);
+    assert_ok(&again, &daemon);
+}
