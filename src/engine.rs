@@ -21,6 +21,7 @@ mod dry_run;
 mod limits;
 mod object;
 mod part;
+mod peers;
 pub(crate) mod progress;
 pub(crate) mod rate;
 pub(crate) mod retry;

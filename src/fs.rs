@@ -22,7 +22,7 @@ use rustix::fs::{AtFlags, FallocateFlags, FileType, Mode, Stat, CWD};
 pub(crate) use rustix::fs::OFlags;
 
 const DIR_MODE: u32 = 0o755;
-const FILE_MODE: u32 = 0o644;
+pub(crate) const FILE_MODE: u32 = 0o644;
 
 /// An open directory. Names given to its methods are single entries of it.
 #[derive(Debug)]
@@ -122,6 +122,21 @@ impl Dir {
             &self.0,
             from.as_ref(),
             &self.0,
+            to.as_ref(),
+        )?)
+    }
+
+    /// Moves `from` in this directory to `to` in `dir`, replacing what is there.
+    pub(crate) fn move_to(
+        &self,
+        from: impl AsRef<Path>,
+        dir: &Dir,
+        to: impl AsRef<Path>,
+    ) -> io::Result<()> {
+        Ok(rustix::fs::renameat(
+            &self.0,
+            from.as_ref(),
+            &dir.0,
             to.as_ref(),
         )?)
     }

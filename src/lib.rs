@@ -24,6 +24,7 @@ pub(crate) mod lease;
 pub(crate) mod manifest;
 pub(crate) mod mount;
 pub(crate) mod mounts;
+pub(crate) mod p2p;
 pub(crate) mod plan;
 pub(crate) mod report;
 pub(crate) mod seal;

@@ -31,6 +31,10 @@ const DEFAULT_MAINTENANCE_INTERVAL: u64 = 30;
 const DEFAULT_MAX_LEASES_PER_DATASET: usize = 256;
 /// Leases of one dataset one identity may hold: still more than a node's pods.
 const DEFAULT_MAX_LEASES_PER_IDENTITY: usize = 128;
+/// Objects smaller than this go to the store directly even in a `p2p` dataset.
+const DEFAULT_P2P_MIN_OBJECT_SIZE: u64 = 16 << 20;
+/// The longest one object's download through the peers may take, in seconds.
+const DEFAULT_P2P_TIMEOUT: u64 = 3600;
 /// The identity of the token read from `listen.token_file`.
 const DEFAULT_TOKEN_NAME: &str = "default";
 
@@ -44,6 +48,16 @@ struct RawCatalog {
     datasets: BTreeMap<String, RawDataset>,
     /// Who may mount the datasets that name no one themselves.
     access: Option<RawRules>,
+    p2p: Option<RawP2p>,
+}
+
+/// `[p2p]`: the node's Dragonfly peer, for the datasets with `p2p = true`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawP2p {
+    socket: PathBuf,
+    min_object_size: Option<String>,
+    timeout_seconds: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -118,6 +132,8 @@ struct RawDataset {
     #[serde(default)]
     start: Start,
     shard: Option<String>,
+    #[serde(default)]
+    p2p: bool,
     namespaces: Option<Vec<String>>,
     service_accounts: Option<Vec<String>>,
 }
@@ -147,6 +163,7 @@ pub(crate) enum Start {
 pub(crate) struct Catalog {
     pub cache: Cache,
     pub listen: Listen,
+    pub p2p: Option<P2p>,
     pub datasets: BTreeMap<String, Dataset>,
 }
 
@@ -207,6 +224,16 @@ impl std::fmt::Debug for Listen {
     }
 }
 
+/// The node's dfdaemon (`crate::p2p`).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct P2p {
+    pub socket: PathBuf,
+    /// Smaller objects go to the store directly: a task's set-up costs more than they do.
+    pub min_object_size: u64,
+    /// The longest one object's download through the peers may take.
+    pub timeout: Duration,
+}
+
 #[derive(Clone, Debug)]
 pub(crate) struct Dataset {
     pub source: S3Url,
@@ -236,6 +263,8 @@ pub(crate) struct Dataset {
     pub refresh: Duration,
     /// Only this node's share of the dataset (a catalog rendered per node or node pool).
     pub shard: Option<Shard>,
+    /// Large objects come from the node's peers (`[p2p]`), checked against the sealed snapshot.
+    pub p2p: bool,
 }
 
 impl Dataset {
@@ -288,6 +317,7 @@ pub(crate) fn parse(
     let mut problems = Vec::new();
     let cache = cache(raw.cache, &mut problems);
     let listen = listen(raw.listen, &mut problems);
+    let p2p = raw.p2p.map(|raw| p2p(raw, &mut problems));
     let default = (raw.access.as_ref())
         .map(|rules| Arc::new(access::rules(rules, "access", &mut problems).into_default()));
     let any_rules = default.is_some() || raw.datasets.values().any(|d| d.rules().is_set());
@@ -301,6 +331,9 @@ pub(crate) fn parse(
         let mut problem = |why: String| problems.push(format!("dataset {name:?}: {why}"));
         if let Err(why) = check_name(&name) {
             problem(why.to_string());
+        }
+        if dataset.p2p && p2p.is_none() {
+            problem("p2p = true needs the catalog's [p2p] section (the dfdaemon's socket)".into());
         }
         if let Some(mut dataset) = self::dataset(dataset, &env, &mut problem) {
             dataset.access = access::resolve(own, default.as_ref(), any_rules);
@@ -321,9 +354,28 @@ pub(crate) fn parse(
         true => Ok(Catalog {
             cache,
             listen,
+            p2p,
             datasets,
         }),
         false => Err(problems),
+    }
+}
+
+fn p2p(raw: RawP2p, problems: &mut Vec<String>) -> P2p {
+    if !raw.socket.is_absolute() {
+        problems.push(format!(
+            "p2p.socket {:?} must be an absolute path",
+            raw.socket
+        ));
+    }
+    P2p {
+        socket: raw.socket,
+        min_object_size: raw
+            .min_object_size
+            .map_or(DEFAULT_P2P_MIN_OBJECT_SIZE, |text| {
+                size("p2p.min_object_size", &text, problems)
+            }),
+        timeout: Duration::from_secs(raw.timeout_seconds.unwrap_or(DEFAULT_P2P_TIMEOUT)),
     }
 }
 
@@ -644,6 +696,9 @@ fn dataset(
                 .into(),
         );
     }
+    if raw.p2p && raw.no_sign_request {
+        problem("p2p = true hands the peers presigned requests: it needs credentials, not no_sign_request".into());
+    }
     let source = source?;
     let pinned = match &raw.snapshot {
         None => None,
@@ -664,6 +719,15 @@ fn dataset(
             }
         },
     };
+    let sealed = pinned
+        .as_ref()
+        .is_some_and(|s| s.version == crate::snapshot::SEALED_VERSION);
+    if raw.p2p && !sealed {
+        problem(
+            "p2p = true needs a sealed snapshot (hydrator snapshot --seal): bytes from peers count only once they match it"
+                .into(),
+        );
+    }
     Some(Dataset {
         source,
         endpoint: raw.endpoint,
@@ -680,6 +744,7 @@ fn dataset(
         access: Access::Open,
         refresh: Duration::from_secs(raw.refresh_seconds.unwrap_or(DEFAULT_REFRESH)),
         shard,
+        p2p: raw.p2p,
     })
 }
 
@@ -816,6 +881,42 @@ mod tests {
         ] {
             assert!(problems.contains(expected), "{expected} in:\n{problems}");
         }
+    }
+
+    #[test]
+    fn p2p_needs_its_section_a_sealed_snapshot_and_credentials() {
+        let dataset = r#"
+            [cache]
+            root = "/cache"
+            quota = "1GiB"
+            [datasets.c]
+            source = "s3://datasets/c/"
+            p2p = true
+            no_sign_request = true
+        "#;
+        let problems = parse(dataset, env).unwrap_err().join("\n");
+        for expected in [
+            "dataset \"c\": p2p = true needs the catalog's [p2p] section",
+            "dataset \"c\": p2p = true needs a sealed snapshot",
+            "dataset \"c\": p2p = true hands the peers presigned requests",
+        ] {
+            assert!(problems.contains(expected), "{expected} in:\n{problems}");
+        }
+        let section = r#"
+            [cache]
+            root = "/cache"
+            quota = "1GiB"
+            [p2p]
+            socket = "dfdaemon.sock"
+            min_object_size = "big"
+        "#;
+        let problems = parse(section, env).unwrap_err().join("\n");
+        assert!(problems.contains("p2p.socket \"dfdaemon.sock\" must be an absolute path"));
+        assert!(problems.contains("p2p.min_object_size"), "{problems}");
+        let good = format!("{GOOD}\n[p2p]\nsocket = \"/run/dfdaemon.sock\"\n");
+        let p2p = parse(&good, env).unwrap().p2p.unwrap();
+        assert_eq!(p2p.min_object_size, 16 << 20);
+        assert_eq!(p2p.timeout, Duration::from_secs(3600));
     }
 
     #[test]

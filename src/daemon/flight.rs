@@ -12,15 +12,17 @@ use std::sync::Arc;
 
 use futures::FutureExt;
 
-use super::catalog::Dataset;
+use super::catalog::{Dataset, P2p};
 use super::error::HydrationError;
 use super::link;
 use super::metrics::HydrationResult;
 use super::protocol::{DatasetStatus, Phase};
 use super::registry::{self, Flight, ReadySnapshot};
 use super::Daemon;
+use crate::config::SyncConfig;
 use crate::engine::{self, schedule::Schedule, stats::Stats, Hooks};
 use crate::error::{Exit, IoContext, SyncError};
+use crate::p2p::dfdaemon::Dfdaemon;
 use crate::plan::keys::{plan_key, KeyPlan};
 use crate::snapshot::{self, Snapshot};
 use crate::source::client;
@@ -109,9 +111,12 @@ fn finish(daemon: &Daemon, name: &str, flight: &Flight, result: Result<Done, Hyd
             Err(reason) => schedule.close(&format!("the hydration ended: {reason}")),
         }
     }
-    daemon
-        .metrics
-        .fetched(Stats::get(&flight.stats.bytes_received));
+    let stats = &flight.stats;
+    daemon.metrics.fetched(Stats::get(&stats.bytes_received));
+    daemon.metrics.peers_delivered(
+        Stats::get(&stats.bytes_from_peers),
+        Stats::get(&stats.peer_fallbacks),
+    );
     {
         let mut registry = daemon.registry();
         let entry = registry.datasets.entry(name.to_string()).or_default();
@@ -159,6 +164,17 @@ fn finish(daemon: &Daemon, name: &str, flight: &Flight, result: Result<Done, Hyd
     }
     daemon.state_changed();
     flight.done.send_replace(true);
+}
+
+/// The node's dfdaemon, for a dataset that takes its large objects from peers.
+async fn peers(daemon: &Daemon, cfg: &SyncConfig, p2p: &P2p) -> Arc<dyn crate::p2p::Peers> {
+    let s3 = client::build(cfg.client_settings(), daemon.budget.slots.responses.clone()).await;
+    Arc::new(Dfdaemon::new(
+        &p2p.socket,
+        s3,
+        p2p.min_object_size,
+        p2p.timeout,
+    ))
 }
 
 struct Done {
@@ -260,7 +276,13 @@ async fn hydrate(
         Arc::new(Schedule::new(files.map(|e| e.key.clone())))
     });
     flight.set_phase(Phase::Downloading);
+    let catalog = daemon.catalog();
+    let peers = match (dataset.p2p, &catalog.p2p) {
+        (true, Some(p2p)) => Some(peers(daemon, &cfg, p2p).await),
+        _ => None,
+    };
     let hooks = Hooks {
+        peers,
         schedule: Some(schedule.clone()),
         budget: Some(daemon.budget.clone()),
         stats: flight.stats.clone(),

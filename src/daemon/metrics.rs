@@ -82,6 +82,10 @@ pub(crate) struct Metrics {
     /// Bytes received by finished hydrations (running ones are added when rendering).
     bytes_fetched: Counter,
     bytes_from_cache: Counter,
+    /// Bytes of finished hydrations that came from the node's peers, and objects they did not
+    /// deliver as sealed.
+    bytes_from_peers: Counter,
+    peer_fallbacks: Counter,
     hydrations: Family<ResultLabel, Counter>,
     durations: Histogram,
     cache_used: Gauge<u64, AtomicU64>,
@@ -96,6 +100,8 @@ impl Default for Metrics {
         Self {
             bytes_fetched: Counter::default(),
             bytes_from_cache: Counter::default(),
+            bytes_from_peers: Counter::default(),
+            peer_fallbacks: Counter::default(),
             hydrations: Family::default(),
             durations: Histogram::new(DURATION_BUCKETS),
             cache_used: Gauge::default(),
@@ -134,6 +140,12 @@ impl Metrics {
         self.bytes_fetched.inc_by(bytes);
     }
 
+    /// What a finished hydration got from the node's peers.
+    pub(crate) fn peers_delivered(&self, bytes: u64, fallbacks: u64) {
+        self.bytes_from_peers.inc_by(bytes);
+        self.peer_fallbacks.inc_by(fallbacks);
+    }
+
     pub(crate) fn served_from_cache(&self, bytes: u64) {
         self.bytes_from_cache.inc_by(bytes);
     }
@@ -165,6 +177,16 @@ impl Metrics {
             "hydrator_bytes_served_from_cache",
             "Bytes handed out from the cache without fetching them (ready snapshots, hard-linked files)",
             self.bytes_from_cache.clone(),
+        );
+        registry.register(
+            "hydrator_bytes_from_peers",
+            "Bytes that came from the node's Dragonfly peers and matched their seal",
+            self.bytes_from_peers.clone(),
+        );
+        registry.register(
+            "hydrator_peer_fallbacks",
+            "Objects the peers did not deliver as sealed, fetched from object storage instead",
+            self.peer_fallbacks.clone(),
         );
         registry.register(
             "hydrator_hydrations",

@@ -16,6 +16,7 @@ use tokio::task::JoinSet;
 
 use super::context::Ctx;
 use super::part::{fetch_into_memory, fetch_part, FetchedPart, PartTarget, Sink};
+use super::peers;
 use super::stats::Stats;
 use crate::error::{IoContext, LocalError, ObjectError, PartError};
 use crate::hash::{merge_parts, PartDigest};
@@ -65,9 +66,25 @@ pub(crate) async fn mirror_object(
         version_id: entry.version_id.clone(),
     });
     let mut modified = entry.last_modified;
+    let mut from_peers = match (&ctx.fetch.peers, entry.sealed) {
+        (Some(peers), Some(sealed)) if entry.size >= peers.min_size() => {
+            let fetched = peers::fetch(&ctx, &**peers, &object, &rel, sealed, modified).await;
+            fetched
+                .inspect_err(|err| {
+                    Stats::add(&ctx.fetch.stats.peer_fallbacks, 1);
+                    tracing::warn!(key = %entry.key, "{err}; fetching it from the store");
+                })
+                .ok()
+        }
+        _ => None,
+    };
     let mut restarts = 0;
     loop {
-        match download(&ctx, object.clone(), &rel, modified).await {
+        let fetched = match from_peers.take() {
+            Some(hash) => Ok(hash),
+            None => download(&ctx, object.clone(), &rel, modified).await,
+        };
+        match fetched {
             Ok(hash) => {
                 drop(slot);
                 if let Some(sealed) = entry.sealed.filter(|s| s != hash.as_bytes()) {

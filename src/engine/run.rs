@@ -104,6 +104,8 @@ pub(crate) struct Hooks {
     pub listing: Option<Listing>,
     /// The order to fetch in, when not the listing's (a lazy view's readers steer it).
     pub schedule: Option<Arc<Schedule>>,
+    /// The node's peers, for the sealed objects large enough to be worth them.
+    pub peers: Option<Arc<dyn crate::p2p::Peers>>,
 }
 
 /// Listed objects as they stream in, ending with an error if the listing broke.
@@ -264,6 +266,7 @@ async fn prepare(
             rates: budget.rates,
             stats: hooks.stats,
             pinned: cfg.snapshot.is_some() || hooks.listing.is_some(),
+            peers: hooks.peers,
         },
         write: WriteCtx {
             dest,

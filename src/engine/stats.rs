@@ -28,6 +28,10 @@ pub(crate) struct Stats {
     pub files_foreign: AtomicU64,
     /// Objects started again because they changed on the server.
     pub object_restarts: AtomicU64,
+    /// Bytes of files that came from the node's peers (and matched their seal).
+    pub bytes_from_peers: AtomicU64,
+    /// Objects the peers did not deliver as sealed, fetched from the store instead.
+    pub peer_fallbacks: AtomicU64,
 }
 
 impl Stats {

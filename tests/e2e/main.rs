@@ -12,6 +12,7 @@ mod docs;
 mod dry_run;
 mod front_door;
 mod mount;
+mod p2p;
 mod soak;
 mod sync;
 mod torture;

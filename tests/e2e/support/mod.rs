@@ -45,6 +45,7 @@ macro_rules! on_every_server {
 
 pub mod csi;
 pub mod daemon;
+pub mod dfdaemon;
 pub mod faults;
 pub mod garage;
 pub mod keeper;
