@@ -283,6 +283,7 @@ mod tests {
         metrics.evicted(Pressure::Quota);
         metrics.fetched(5);
         metrics.served_from_cache(11);
+        metrics.peers_delivered(64, 2);
         metrics.cache_measured(300, 4000);
         metrics.dataset_walked();
         metrics.dataset_walked();
@@ -306,6 +307,8 @@ mod tests {
         let families = [
             ("hydrator_bytes_fetched_total", "counter", "Bytes received from object storage."),
             ("hydrator_bytes_served_from_cache_total", "counter", "Bytes handed out from the cache without fetching them (ready snapshots, hard-linked files)."),
+            ("hydrator_bytes_from_peers_total", "counter", "Bytes that came from the node's Dragonfly peers and matched their seal."),
+            ("hydrator_peer_fallbacks_total", "counter", "Objects the peers did not deliver as sealed, fetched from object storage instead."),
             ("hydrator_hydrations_total", "counter", "Finished hydrations by result."),
             ("hydrator_hydration_duration_seconds", "histogram", "Duration of finished hydrations."),
             ("hydrator_s3_requests_total", "counter", "S3 answers by operation and HTTP status."),
@@ -331,6 +334,8 @@ mod tests {
         let samples = [
             "hydrator_bytes_fetched_total 7",
             "hydrator_bytes_served_from_cache_total 11",
+            "hydrator_bytes_from_peers_total 64",
+            "hydrator_peer_fallbacks_total 2",
             "hydrator_rate_limited_seconds_total 1.5",
             "hydrator_hydrations_total{result=\"complete\"} 1",
             "hydrator_hydrations_total{result=\"failed\"} 1",

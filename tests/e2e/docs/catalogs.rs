@@ -22,6 +22,7 @@ fn stand_in(
         .get("source")
         .and_then(|s| s.as_str())
         .map(str::to_string);
+    let sealed = table.get("p2p") == Some(&toml::Value::Boolean(true));
     for (key, value) in table.iter_mut() {
         match value {
             toml::Value::Table(inner) => stand_in(inner, dir, env, made)?,
@@ -51,7 +52,7 @@ fn stand_in(
                     "ca_bundle" => std::fs::write(&path, self_signed_pem()).unwrap(),
                     "snapshot" => {
                         let source = source.as_deref().ok_or("a snapshot without a source")?;
-                        std::fs::write(&path, empty_snapshot(source)).unwrap();
+                        std::fs::write(&path, empty_snapshot(source, sealed)).unwrap();
                     }
                     _ => {}
                 }
@@ -69,8 +70,9 @@ fn self_signed_pem() -> String {
     params.self_signed(&key).unwrap().pem()
 }
 
-/// A valid snapshot file of `source` (`s3://BUCKET/PREFIX/`) with no objects.
-fn empty_snapshot(source: &str) -> String {
+/// A valid snapshot file of `source` (`s3://BUCKET/PREFIX/`) with no objects, sealed (format
+/// 2) if asked.
+fn empty_snapshot(source: &str, sealed: bool) -> String {
     let rest = source.strip_prefix("s3://").unwrap_or(source);
     let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
     let prefix = match prefix.is_empty() || prefix.ends_with('/') {
@@ -78,7 +80,7 @@ fn empty_snapshot(source: &str) -> String {
         false => format!("{prefix}/"),
     };
     serde_json::json!({
-        "version": 1, "endpoint": null, "bucket": bucket, "prefix": prefix,
+        "version": if sealed { 2 } else { 1 }, "endpoint": null, "bucket": bucket, "prefix": prefix,
         "digest": blake3::Hasher::new().finalize().to_hex().to_string(),
         "objects": 0, "bytes": 0, "created_at": "2026-01-01T00:00:00Z", "entries": [],
     })
