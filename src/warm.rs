@@ -20,6 +20,7 @@ use crate::daemon::protocol::{DatasetStatus, Lease, LeaseRequest, State};
 use crate::daemon_client::{explain, percent_encode, CallError, Client};
 use crate::error::{Exit, IoContext, LeaseRefusal, SyncError, UsageError, WarmError};
 use crate::fs;
+use crate::plan::shard::Shard;
 use crate::source::url::S3Url;
 use crate::units::human_bytes;
 
@@ -88,6 +89,18 @@ fn fallback_config(args: &WarmArgs) -> Result<Option<SyncConfig>, UsageError> {
     config.build().map(Some)
 }
 
+/// A `--shard` the daemon's dataset does not hold: the node's catalog gives it another share.
+/// A dataset held whole holds every share.
+fn other_shard(name: &str, wanted: Option<Shard>, status: &DatasetStatus) -> Option<UsageError> {
+    let (wanted, held) = (wanted?.to_string(), status.shard.as_deref()?);
+    (wanted != held).then(|| {
+        UsageError::new(format!(
+            "warm: the daemon's {name} is shard {held} of the dataset, not --shard {wanted}: \
+             the node's catalog and this pod disagree on the share"
+        ))
+    })
+}
+
 /// Prints the ready directory, and writes it (atomically) into `path_file` if given.
 fn announce(path: &str, path_file: Option<&std::path::Path>) -> Result<(), SyncError> {
     crate::out!("{path}");
@@ -123,6 +136,9 @@ async fn warm(client: &Client, args: &WarmArgs) -> Result<Result<Exit, SyncError
             }
             _ => return Ok(Err(WarmError::Refused(explain(code, &body)).into())),
         };
+        if let Some(refusal) = other_shard(name, args.options.shard, &status) {
+            return Ok(Err(refusal.into()));
+        }
         let status = match (status.state, args.wait, status.held_as_ready()) {
             (State::Ready | State::Failed, _, _) => status,
             // A refresh runs: the snapshot held meanwhile is ready (`--wait` waits for the new one).

@@ -238,9 +238,10 @@ async fn warm(
         }
     }
     let lazy = dataset.start == Start::Lazy;
+    let shard = dataset.shard.map(|shard| shard.to_string());
     let mut done = match flight::warm(&daemon, &name, &dataset) {
         Warm::Known(mut status) => {
-            status.lazy = lazy;
+            (status.lazy, status.shard) = (lazy, shard);
             return (warm_code(status.state), Json(status)).into_response();
         }
         Warm::Hydrating(done) => done,
@@ -250,7 +251,7 @@ async fn warm(
         let _ = done.wait_for(|ended| *ended).await;
     }
     let mut status = daemon.registry().status(&daemon.root, &name);
-    status.lazy = lazy;
+    (status.lazy, status.shard) = (lazy, shard);
     let code = warm_code(status.state);
     let location = HeaderValue::from_str(&format!("/v1/datasets/{name}"))
         .expect("catalog names are valid header values");

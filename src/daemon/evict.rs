@@ -244,10 +244,10 @@ async fn evict(daemon: &Arc<Daemon>, candidate: &Candidate, pressure: Pressure) 
                 .map(|(d, _)| d.clone());
             entry.checked_at = None;
         }
-        // The back-off was earned by refreshes while a snapshot was served; with nothing left
-        // to serve, the next request may hydrate at once.
+        // A failure and its back-off were a refresh's, while a snapshot was served; with
+        // nothing left to serve, the dataset is absent and the next request hydrates at once.
         if entry.current.is_none() {
-            (entry.failures, entry.failed_at) = (0, None);
+            (entry.failure, entry.failures, entry.failed_at) = (None, 0, None);
         }
     }
     tracing::info!(

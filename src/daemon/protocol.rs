@@ -107,6 +107,9 @@ pub(crate) struct DatasetStatus {
     /// The catalog lets pods read the dataset while it hydrates (`start = "lazy"`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub lazy: bool,
+    /// The share of the dataset this node holds (`INDEX/COUNT`), when the catalog gives one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<String>,
 }
 
 impl DatasetStatus {

@@ -244,6 +244,7 @@ impl Registry {
             refreshed_at: None,
             partial_path: None,
             lazy: false,
+            shard: None,
         };
         let Some(entry) = self.datasets.get(name) else {
             return status;

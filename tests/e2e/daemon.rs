@@ -1437,6 +1437,15 @@ fn a_catalog_shard_hydrates_that_share_only() {
     let ready: serde_json::Value =
         serde_json::from_slice(&std::fs::read(path.join(".hydrator/READY")).unwrap()).unwrap();
     assert_eq!(ready["shard"], "1/2");
+    // A pod that asks for that share gets it; one that asks for another is told they disagree.
+    assert_ok(&daemon.warm("half", &["--shard", "1/2"]), &daemon);
+    let other = daemon.warm("half", &["--shard", "0/2"]);
+    let said = String::from_utf8_lossy(&other.stderr);
+    assert_eq!(other.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("the daemon's half is shard 1/2 of the dataset, not --shard 0/2"),
+        "{said}"
+    );
 }
 
 #[test]
