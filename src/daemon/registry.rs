@@ -97,6 +97,7 @@ impl Flight {
             objects_done: self.stats.objects_finished(),
             objects_total: info.objects,
             bytes_done: Stats::get(&self.stats.bytes_received)
+                + Stats::get(&self.stats.bytes_from_peers)
                 + Stats::get(&self.stats.bytes_skipped),
             bytes_total: info.bytes,
         }

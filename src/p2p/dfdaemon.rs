@@ -85,7 +85,7 @@ impl Dfdaemon {
             .get_object()
             .bucket(&object.bucket)
             .key(&object.key)
-            .if_match(&object.etag)
+            .set_if_match((!object.etag.is_empty()).then(|| object.etag.clone()))
             .set_version_id(object.version_id.clone())
             .presigned(presigning)
             .await

@@ -10,6 +10,7 @@ mod daemon;
 mod dataset;
 mod docs;
 mod dry_run;
+mod fleet;
 mod front_door;
 mod mount;
 mod p2p;

@@ -48,7 +48,7 @@ impl Fleet {
 }
 
 /// A sealed snapshot of `prefix`: listed, synced once, sealed from that sync.
-fn sealed_snapshot(server: &Server, prefix: &str, dir: &Path) -> PathBuf {
+pub fn sealed_snapshot(server: &Server, prefix: &str, dir: &Path) -> PathBuf {
     let (lock, sealed) = (dir.join("listed.lock"), dir.join("sealed.lock"));
     server.snapshot(prefix, &lock);
     let sealer = dir.join("sealer");

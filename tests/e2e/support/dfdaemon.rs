@@ -19,20 +19,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 
-#[allow(clippy::all, clippy::pedantic, dead_code)]
-pub mod proto {
-    pub mod common {
-        pub mod v2 {
-            include!(concat!(env!("OUT_DIR"), "/test-server/common.v2.rs"));
-        }
-    }
-    pub mod dfdaemon {
-        pub mod v2 {
-            include!(concat!(env!("OUT_DIR"), "/test-server/dfdaemon.v2.rs"));
-        }
-    }
-}
-
+use super::dragonfly_api as proto;
 use proto::common::v2::{Download, Piece};
 use proto::dfdaemon::v2::dfdaemon_download_server::{DfdaemonDownload, DfdaemonDownloadServer};
 use proto::dfdaemon::v2::download_task_response::Response as Answer;

@@ -113,6 +113,12 @@ pub struct Faults {
     pub versioned: AtomicBool,
     /// GETs that asked for a specific version.
     pub versioned_gets: AtomicU64,
+    /// Requests by kind: object GETs, one-byte GETs (`Range: bytes=0-0`, a dfdaemon's stat of
+    /// a presigned URL), HEADs and listings.
+    pub object_gets: AtomicU64,
+    pub stat_gets: AtomicU64,
+    pub heads: AtomicU64,
+    pub lists: AtomicU64,
 }
 
 impl Faults {
@@ -185,6 +191,17 @@ impl FaultyS3 {
             .is_some_and(|(_, key)| !key.is_empty());
         let counter = (method == "GET" && is_object).then(|| self.faults.object_bytes.clone());
         let ranged = req.headers().contains_key("range");
+        let range = req.headers().get("range").and_then(|v| v.to_str().ok());
+        let kind = match (method.as_str(), is_object) {
+            ("GET", true) if range == Some("bytes=0-0") => Some(&self.faults.stat_gets),
+            ("GET", true) => Some(&self.faults.object_gets),
+            ("HEAD", _) => Some(&self.faults.heads),
+            ("GET", false) if query.contains("list-type") => Some(&self.faults.lists),
+            _ => None,
+        };
+        if let Some(kind) = kind {
+            kind.fetch_add(1, Relaxed);
+        }
         let if_match = req
             .headers()
             .get("if-match")

@@ -46,11 +46,13 @@ macro_rules! on_every_server {
 pub mod csi;
 pub mod daemon;
 pub mod dfdaemon;
+pub mod dragonfly_api;
 pub mod faults;
 pub mod garage;
 pub mod keeper;
 pub mod moto;
 pub mod mount;
+pub mod scheduler;
 pub mod seccomp;
 pub mod tls;
 

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The fleet test (tests/e2e/fleet.rs): 8 simulated nodes on loopback addresses, each a real
+# dfdaemon and a real hydrator daemon, a scheduler stand-in, and the in-process store counting
+# what it serves. Installs dfdaemon first when it is missing (tests/install-dragonfly.sh: most of
+# an hour on 2 cores). The last line gives the figures:
+#   fleet: 8 nodes ready; store GET bytes B of D (R×); HEAD H; LIST L
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash tests/install-dragonfly.sh
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --locked --test e2e fleet -- --nocapture 2>&1 | tee "$log"
+grep '^fleet: ' "$log" | tail -1
