@@ -9,5 +9,5 @@ cd "$(dirname "$0")/.."
 bash tests/install-dragonfly.sh
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-cargo test --locked --test e2e fleet -- --nocapture 2>&1 | tee "$log"
+HYDRATOR_FLEET=1 cargo test --locked --test e2e fleet -- --nocapture 2>&1 | tee "$log"
 grep '^fleet: ' "$log" | tail -1
