@@ -177,11 +177,12 @@ fn bytes_from_peers_that_are_not_as_sealed_are_never_published_and_come_from_the
         assert!(served as usize >= PEER_BYTES, "{mode:?}: {served}");
         fallbacks += 2.0;
         assert_eq!(daemon.metric("hydrator_peer_fallbacks_total"), fallbacks);
-        let staged = home.join(format!("cache/{name}"));
-        let leftovers: Vec<_> = walk(&staged)
-            .into_iter()
-            .filter(|p| p.to_string_lossy().contains("/.hydrator/peers/"))
-            .filter(|p| p.is_file())
+        // Nothing of what the peers delivered is left in the snapshot's staging directory.
+        let snapshot = PathBuf::from(daemon.status(name)["path"].as_str().unwrap());
+        let leftovers: Vec<_> = std::fs::read_dir(snapshot.join(".hydrator/peers"))
+            .unwrap()
+            .flatten()
+            .map(|entry| entry.path())
             .collect();
         assert!(leftovers.is_empty(), "{mode:?}: {leftovers:?}");
     }
@@ -212,22 +213,4 @@ fn a_node_without_a_dfdaemon_hydrates_from_the_store() {
         "{}",
         daemon.log()
     );
-}
-
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .flat_map(|e| {
-            let path = e.path();
-            let mut below = match e.file_type().unwrap().is_dir() {
-                true => walk(&path),
-                false => Vec::new(),
-            };
-            below.push(path);
-            below
-        })
-        .collect()
 }
