@@ -339,7 +339,13 @@ impl Plugin {
                 }
                 while target.mounted().map_err(local)? != Mounted::No {
                     target.unmount().map_err(|err| {
-                        Status::internal(format!("unmounting {}: {err}", target.path().display()))
+                        let at = target.path().display();
+                        // Something still has a file open through the mount: a later try
+                        // can succeed, so the kubelet is told to retry, not that it failed.
+                        match err.raw_os_error() == Some(libc::EBUSY) {
+                            true => Status::unavailable(format!("unmounting {at}: {err}; retry")),
+                            false => Status::internal(format!("unmounting {at}: {err}")),
+                        }
                     })?;
                 }
                 target.remove_dir().map_err(|err| {
