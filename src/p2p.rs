@@ -23,6 +23,8 @@ use crate::source::fetch::PinnedObject;
 
 /// Dragonfly's gRPC messages and the dfdaemon's download client, generated from the vendored
 /// `common.proto` and `dfdaemon.proto` (dragonflyoss/api, Apache-2.0) by `src/build.rs`.
+/// Vendored rather than the `dragonfly-api` crate: that crate's build runs `protoc`, which a
+/// fresh machine lacks, and brings serde and prost-wkt-types for all of Dragonfly's API.
 #[allow(clippy::all, clippy::pedantic, missing_docs, dead_code)]
 pub(crate) mod proto {
     pub mod common {

@@ -7,6 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tests/install-dragonfly.sh
+# A killed run leaves its dfdaemons holding the nodes' ports.
+pkill -f 'hydrator-fleet-[^/]*/node[0-9]/dfdaemon.yaml' || true
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 HYDRATOR_FLEET=1 cargo test --locked --test e2e fleet -- --nocapture 2>&1 | tee "$log"

@@ -2,16 +2,19 @@
 //! and a real `hydrator daemon`, the store (the in-process server, counting GETs, HEADs,
 //! listings and bytes) and the scheduler stand-in (`support::scheduler`). It runs through
 //! `tests/fleet.sh` (`HYDRATOR_FLEET=1`), which installs `dfdaemon` first; in the suite it
-//! prints a SKIP line. Its downloads through the peers do not finish yet (README.md, "fleet test").
+//! prints a SKIP line. One run, in phases: the 8 nodes warm one sealed dataset at once (the
+//! figures); a ninth node without a dfdaemon warms it beside them; the scheduler goes down; an
+//! object is replaced while the first peer reads it.
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use crate::support::daemon::{catalog, dataset, Daemon, DatasetSpec};
-use crate::support::faults::Faults;
+use crate::support::faults::{Fault, Faults, Rule};
 use crate::support::scheduler::SchedulerDouble;
 use crate::support::{content, files, read_tree, Server, MIB};
 
@@ -19,20 +22,38 @@ const NODES: usize = 8;
 
 /// The installed dfdaemon, as `tests/install-dragonfly.sh` leaves it.
 fn dfdaemon_bin() -> Option<PathBuf> {
-    let home = std::env::var_os("HOME").map(PathBuf::from)?;
-    let installed = home.join(".cargo/bin/dfdaemon");
+    let cargo_home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| Some(PathBuf::from(std::env::var_os("HOME")?).join(".cargo")))?;
+    let installed = cargo_home.join("bin/dfdaemon");
     installed.exists().then_some(installed)
 }
 
-/// A few 64 MiB objects and one of 20 MiB for the peers; 50 small ones from the store.
-fn fleet_dataset() -> BTreeMap<String, Vec<u8>> {
-    let mut all: Vec<(String, Vec<u8>)> = (0..3)
-        .map(|n| (format!("shards/{n:03}.tar"), content(400 + n, 64 * MIB)))
+/// `large` objects for the peers (`large[n]` MiB each) and `small` ones from the store.
+fn dataset_of(seed: u64, large: &[usize], small: usize) -> BTreeMap<String, Vec<u8>> {
+    let mut all: Vec<(String, Vec<u8>)> = large
+        .iter()
+        .enumerate()
+        .map(|(n, mib)| {
+            let n = n as u64;
+            (format!("shards/{n:03}.tar"), content(seed + n, mib * MIB))
+        })
         .collect();
-    all.push(("shards/tail.tar".into(), content(410, 20 * MIB)));
-    all.extend((0..50).map(|n| (format!("meta/{n:02}.json"), content(500 + n, 3000))));
+    all.extend((0..small as u64).map(|n| {
+        let key = format!("meta/{n:02}.json");
+        (key, content(seed + 100 + n, 3000))
+    }));
     let refs: Vec<(&str, Vec<u8>)> = all.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
     files(&refs)
+}
+
+/// The bytes of the objects large enough for the peers, and how many there are.
+fn large_part(all: &BTreeMap<String, Vec<u8>>) -> (u64, u64) {
+    let large = all.values().filter(|v| v.len() >= 16 * MIB);
+    (
+        large.clone().map(|v| v.len() as u64).sum(),
+        large.count() as u64,
+    )
 }
 
 /// One node's dfdaemon, killed when dropped.
@@ -158,34 +179,140 @@ impl Served {
     }
 }
 
-/// Warms `name` on every node at once; each must be ready with exactly `all`.
-fn warm_everywhere(nodes: &[Daemon], name: &str, all: &BTreeMap<String, Vec<u8>>) -> Vec<String> {
-    let digests: Vec<String> = std::thread::scope(|scope| {
+/// `hydrator warm NAME` on every node at once: each one's output.
+fn warm_on(nodes: &[&Daemon], name: &str) -> Vec<Output> {
+    std::thread::scope(|scope| {
         let warms: Vec<_> = nodes
             .iter()
-            .map(|node| scope.spawn(move || (node.warm(name, &[]), node)))
+            .map(|node| scope.spawn(move || node.warm(name, &[])))
             .collect();
-        warms
-            .into_iter()
-            .map(|warm| {
-                let (output, node) = warm.join().unwrap();
-                assert!(
-                    output.status.success(),
-                    "warm {name}: {}\n{}",
-                    String::from_utf8_lossy(&output.stderr),
-                    node.log()
-                );
-                let status = node.status(name);
-                let path = PathBuf::from(status["path"].as_str().unwrap());
-                assert!(
-                    read_tree(&path) == *all,
-                    "{name}: files differ from the seal"
-                );
-                status["snapshot"].as_str().unwrap().to_string()
-            })
-            .collect()
-    });
-    digests
+        warms.into_iter().map(|w| w.join().unwrap()).collect()
+    })
+}
+
+/// Each node ready with exactly `all`: the snapshot digests.
+fn ready_everywhere(
+    nodes: &[&Daemon],
+    outputs: &[Output],
+    name: &str,
+    all: &BTreeMap<String, Vec<u8>>,
+) -> Vec<String> {
+    nodes
+        .iter()
+        .zip(outputs)
+        .map(|(node, output)| {
+            assert!(
+                output.status.success(),
+                "warm {name}: {}\n{}",
+                String::from_utf8_lossy(&output.stderr),
+                node.log()
+            );
+            let status = node.status(name);
+            let path = PathBuf::from(status["path"].as_str().unwrap());
+            assert!(path.join(".hydrator/READY").exists());
+            assert!(
+                read_tree(&path) == *all,
+                "{name}: files differ from the seal"
+            );
+            status["snapshot"].as_str().unwrap().to_string()
+        })
+        .collect()
+}
+
+/// Every large file of `name` on `node` shares its inode with the dfdaemon's copy (the
+/// node keeps one copy); the dfdaemon's storage holds a file of the same size and inode.
+fn one_copy_on_disk(node: &Daemon, peer: &Peer, name: &str) -> bool {
+    let path = PathBuf::from(node.status(name)["path"].as_str().unwrap());
+    let stored: Vec<(u64, u64)> = walk(&peer.home.join("storage"))
+        .iter()
+        .map(|m| (m.ino(), m.len()))
+        .collect();
+    walk(&path)
+        .iter()
+        .filter(|m| m.len() >= 16 * MIB as u64)
+        .all(|m| m.nlink() == 2 && stored.contains(&(m.ino(), m.len())))
+}
+
+fn walk(dir: &Path) -> Vec<std::fs::Metadata> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let meta = entry.metadata().unwrap();
+        match meta.is_dir() {
+            true => found.extend(walk(&entry.path())),
+            false => found.push(meta),
+        }
+    }
+    found
+}
+
+/// The daemon lines that say why a node went to the store, and the first dfdaemon's errors.
+fn why(nodes: &[&Daemon], peer: &Peer) -> String {
+    let fallbacks = nodes
+        .iter()
+        .flat_map(|node| node.log().lines().map(str::to_string).collect::<Vec<_>>())
+        .filter(|line| line.contains("fetching it from the store"))
+        .take(4);
+    let log = peer.log();
+    let errors = log
+        .lines()
+        .filter(|line| line.contains("ERROR"))
+        .take(12)
+        .map(str::to_string);
+    fallbacks.chain(errors).collect::<Vec<_>>().join("\n")
+}
+
+fn metric_sum(nodes: &[&Daemon], series: &str) -> f64 {
+    nodes.iter().map(|n| n.metric(series)).sum()
+}
+
+/// A dataset's prefix in the store, its files and its sealed snapshot.
+struct Sealed {
+    prefix: &'static str,
+    all: BTreeMap<String, Vec<u8>>,
+    lock: PathBuf,
+}
+
+impl Sealed {
+    fn seed(
+        server: &Server,
+        dir: &Path,
+        prefix: &'static str,
+        all: BTreeMap<String, Vec<u8>>,
+    ) -> Self {
+        server.seed(prefix, &all);
+        let home = dir.join(prefix.trim_end_matches('/'));
+        std::fs::create_dir(&home).unwrap();
+        let lock = crate::p2p::sealed_snapshot(server, prefix, &home);
+        Self { prefix, all, lock }
+    }
+
+    fn spec<'a>(&'a self, name: &'a str, extra: &'a str) -> DatasetSpec<'a> {
+        DatasetSpec {
+            extra,
+            ..dataset(name, self.prefix)
+        }
+    }
+
+    fn extra(&self) -> String {
+        format!("p2p = true\nsnapshot = {:?}", self.lock)
+    }
+}
+
+/// The per-node budget for what comes from the store directly (`[cache] max_bandwidth`).
+const DIRECT_BUDGET: &str = "max_bandwidth = \"256MiB\"";
+
+/// A node's catalog: `fleet` (and `again`, the same data under another name), `outage` and
+/// `replaced`, all through the peers at `socket`.
+fn node_catalog(home: &Path, server: &Server, socket: &Path, sets: &[(&str, &Sealed)]) -> String {
+    let extras: Vec<String> = sets.iter().map(|(_, sealed)| sealed.extra()).collect();
+    let specs: Vec<DatasetSpec> = sets
+        .iter()
+        .zip(&extras)
+        .map(|((name, sealed), extra)| sealed.spec(name, extra))
+        .collect();
+    let mut text = catalog(home, &server.target, "2GiB", DIRECT_BUDGET, &specs);
+    text += &format!("\n[p2p]\nsocket = {socket:?}\ntimeout_seconds = 120\n");
+    text
 }
 
 #[test]
@@ -196,18 +323,26 @@ fn eight_nodes_take_a_sealed_dataset_with_the_store_serving_each_large_byte_once
     }
     let bin = dfdaemon_bin().expect("dfdaemon installed by tests/install-dragonfly.sh");
     let server = Server::local();
-    let all = fleet_dataset();
-    server.seed("fleet/", &all);
-    let dir = tempfile::tempdir().unwrap();
-    let sealed = crate::p2p::sealed_snapshot(&server, "fleet/", dir.path());
+    // The prefix lets tests/fleet.sh find the dfdaemons of a run that was killed.
+    let dir = tempfile::Builder::new()
+        .prefix("hydrator-fleet-")
+        .tempdir()
+        .unwrap();
+    let fleet = Sealed::seed(
+        &server,
+        dir.path(),
+        "fleet/",
+        dataset_of(400, &[64, 64, 64, 20], 50),
+    );
+    let outage = Sealed::seed(&server, dir.path(), "outage/", dataset_of(600, &[20], 5));
+    let replaced = Sealed::seed(&server, dir.path(), "replaced/", dataset_of(700, &[64], 5));
+    let sets = [
+        ("fleet", &fleet),
+        ("again", &fleet),
+        ("outage", &outage),
+        ("replaced", &replaced),
+    ];
     let scheduler = SchedulerDouble::start();
-    let large: u64 = all
-        .values()
-        .filter(|v| v.len() >= 16 * MIB)
-        .map(|v| v.len() as u64)
-        .sum();
-    let large_objects = all.values().filter(|v| v.len() >= 16 * MIB).count() as u64;
-    let total: u64 = all.values().map(|v| v.len() as u64).sum();
 
     let mut peers = Vec::new();
     let mut nodes = Vec::new();
@@ -215,33 +350,33 @@ fn eight_nodes_take_a_sealed_dataset_with_the_store_serving_each_large_byte_once
         let home = dir.path().join(format!("node{n}"));
         std::fs::create_dir(&home).unwrap();
         let peer = Peer::start(&bin, &home, n, scheduler.addr);
-        let extra = format!("p2p = true\nsnapshot = {sealed:?}");
-        let specs: Vec<DatasetSpec> = ["fleet", "outage"]
-            .iter()
-            .map(|name| DatasetSpec {
-                extra: &extra,
-                ..dataset(name, "fleet/")
-            })
-            .collect();
-        let mut text = catalog(&home, &server.target, "2GiB", "", &specs);
-        text += &format!(
-            "\n[p2p]\nsocket = {:?}\ntimeout_seconds = 120\n",
-            peer.socket
-        );
+        let text = node_catalog(&home, &server, &peer.socket, &sets);
         nodes.push(Daemon::start(&home, &server.target, &text));
         peers.push(peer);
     }
-
+    // A ninth node whose dfdaemon is not there.
+    let lone_home = dir.path().join(format!("node{NODES}"));
+    std::fs::create_dir(&lone_home).unwrap();
+    let absent = lone_home.join("no-dfdaemon.sock");
+    let lone = Daemon::start(
+        &lone_home,
+        &server.target,
+        &node_catalog(&lone_home, &server, &absent, &sets),
+    );
+    let fleet_nodes: Vec<&Daemon> = nodes.iter().collect();
     // HYDRATOR_FLEET_LOGS=DIR keeps every node's logs there when the test ends, pass or fail.
     let _logs = KeepLogs(dir.path().to_path_buf());
+
+    // 1. The 8 nodes warm `fleet` at once: its large objects leave the store once.
+    let (large, large_objects) = large_part(&fleet.all);
+    let total: u64 = fleet.all.values().map(|v| v.len() as u64).sum();
     let before = Served::now(&server.faults);
-    let digests = warm_everywhere(&nodes, "fleet", &all);
+    let started = Instant::now();
+    let outputs = warm_on(&fleet_nodes, "fleet");
+    let took = started.elapsed();
     let served = Served::now(&server.faults).since(before);
+    let digests = ready_everywhere(&fleet_nodes, &outputs, "fleet", &fleet.all);
     assert!(digests.iter().all(|d| *d == digests[0]), "{digests:?}");
-    let from_peers: f64 = nodes
-        .iter()
-        .map(|n| n.metric("hydrator_bytes_from_peers_total"))
-        .sum();
     let line = format!(
         "fleet: {NODES} nodes ready; store GET bytes {} of {} ({:.2}×); HEAD {}; LIST {}",
         served.bytes,
@@ -250,33 +385,23 @@ fn eight_nodes_take_a_sealed_dataset_with_the_store_serving_each_large_byte_once
         served.heads + served.stats,
         served.lists,
     );
-    eprintln!("{line}\n  {served:?}; from peers {from_peers} bytes over all nodes");
-    // Why a node went to the store instead: its daemon logs each fallback with the reason.
-    let why: Vec<String> = nodes
-        .iter()
-        .flat_map(|node| node.log().lines().map(str::to_string).collect::<Vec<_>>())
-        .filter(|line| line.contains("fetching it from the store"))
-        .take(4)
-        .collect();
-    let peer_errors: Vec<String> = peers[0]
-        .log()
-        .lines()
-        .filter(|line| line.contains("ERROR"))
-        .take(12)
-        .map(str::to_string)
-        .collect();
-    let line = format!("{line}\n{}\n{}", why.join("\n"), peer_errors.join("\n"));
+    let from_peers = metric_sum(&fleet_nodes, "hydrator_bytes_from_peers_total");
+    let context = format!(
+        "{line}\n  {served:?}; from peers {from_peers} bytes over all nodes in {took:.1?}\n{}",
+        why(&fleet_nodes, &peers[0])
+    );
     let small = total - large;
+    // Each dfdaemon's stat of a task is a GET of one byte.
     assert!(
-        served.bytes <= large + NODES as u64 * small,
-        "the store served large objects more than once: {line}"
+        served.bytes <= large + NODES as u64 * small + served.stats,
+        "the store served large objects more than once: {context}"
     );
     assert!(
         served.heads + served.stats <= NODES as u64 * large_objects,
-        "{line}"
+        "{context}"
     );
-    assert_eq!(served.lists, 0, "{line}");
-    assert_eq!(from_peers, (NODES as u64 * large) as f64, "{line}");
+    assert_eq!(served.lists, 0, "{context}");
+    assert_eq!(from_peers, (NODES as u64 * large) as f64, "{context}");
     let (to_source, with_parents) = scheduler.decisions();
     assert_eq!(scheduler.hosts(), NODES);
     assert_eq!(
@@ -287,12 +412,76 @@ fn eight_nodes_take_a_sealed_dataset_with_the_store_serving_each_large_byte_once
         with_parents >= (NODES as u64 - 1) * large_objects,
         "{with_parents}"
     );
-
-    // The scheduler goes down: every node still gets the dataset, from the store directly.
-    scheduler.fail(true);
-    warm_everywhere(&nodes, "outage", &all);
-    for node in &nodes {
-        assert!(node.metric("hydrator_peer_fallbacks_total") >= large_objects as f64);
+    for (node, peer) in nodes.iter().zip(&peers) {
+        assert!(
+            one_copy_on_disk(node, peer, "fleet"),
+            "two copies on {}",
+            node.dir.display()
+        );
     }
+
+    // 2. A node without a dfdaemon takes the same data from the store, while the 8 take it
+    // again (as `again`) from their dfdaemons, unaffected.
+    let before = Served::now(&server.faults);
+    let mut with_lone = fleet_nodes.clone();
+    with_lone.push(&lone);
+    let names: Vec<&str> = (0..=NODES)
+        .map(|n| if n < NODES { "again" } else { "fleet" })
+        .collect();
+    let outputs: Vec<Output> = std::thread::scope(|scope| {
+        let warms: Vec<_> = with_lone
+            .iter()
+            .zip(&names)
+            .map(|(node, name)| scope.spawn(move || node.warm(name, &[])))
+            .collect();
+        warms.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    let served = Served::now(&server.faults).since(before);
+    ready_everywhere(&fleet_nodes, &outputs[..NODES], "again", &fleet.all);
+    let lone_digest = ready_everywhere(&[&lone], &outputs[NODES..], "fleet", &fleet.all);
+    assert_eq!(lone_digest[0], digests[0]);
+    assert_eq!(
+        lone.metric("hydrator_peer_fallbacks_total"),
+        large_objects as f64
+    );
+    assert_eq!(lone.metric("hydrator_bytes_from_peers_total"), 0.0);
+    assert_eq!(
+        metric_sum(&fleet_nodes, "hydrator_peer_fallbacks_total"),
+        0.0
+    );
+    assert_eq!(
+        metric_sum(&fleet_nodes, "hydrator_bytes_from_peers_total"),
+        (2 * NODES as u64 * large) as f64
+    );
+    assert_eq!(served.bytes, total + NODES as u64 * small, "{served:?}");
+
+    // 3. The scheduler goes down: every node still gets `outage`, from the store directly,
+    // under its budget.
+    scheduler.fail(true);
+    let outputs = warm_on(&fleet_nodes, "outage");
+    ready_everywhere(&fleet_nodes, &outputs, "outage", &outage.all);
+    let (_, outage_objects) = large_part(&outage.all);
+    assert_eq!(
+        metric_sum(&fleet_nodes, "hydrator_peer_fallbacks_total"),
+        (NODES as u64 * outage_objects) as f64,
+        "{}",
+        why(&fleet_nodes, &peers[0])
+    );
+    scheduler.fail(false);
+
+    // 4. `replaced`'s large object is overwritten in the store while the first peer reads it:
+    // no node is ready with mixed bytes, and the error names the object.
+    let key = format!("{}shards/000.tar", replaced.prefix);
+    server
+        .faults
+        .add(Rule::get(&key, Fault::ReplaceObject(content(799, 64 * MIB))).skip(2));
+    let outputs = warm_on(&fleet_nodes, "replaced");
+    for (node, output) in fleet_nodes.iter().zip(&outputs) {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{stderr}");
+        assert!(stderr.contains("shards/000.tar"), "{stderr}");
+        assert_ne!(node.status("replaced")["state"], "ready");
+    }
+    eprintln!("{context}");
     drop(peers);
 }

@@ -166,3 +166,16 @@ fn a_broken_catalog_is_caught() {
     let why = load_catalog(&format!("{catalog}admins = [\"token:csi\"]\n")).unwrap_err();
     assert!(why.contains("listen.admins \"token:csi\""), "{why}");
 }
+
+#[test]
+fn the_catalogs_of_k8s_are_catalogs_the_daemon_loads() {
+    for path in [
+        "k8s/node-cache/catalog.toml",
+        "k8s/overlays/p2p/catalog.toml",
+    ] {
+        let text = std::fs::read_to_string(super::root().join(path)).unwrap();
+        if let Err(why) = load_catalog(&text) {
+            panic!("{path}: {why}");
+        }
+    }
+}

@@ -6,6 +6,8 @@
 //!   as they arrive there, so a parent still downloading is a good one);
 //! - a peer that fails is no one's parent any more; one that asks to be rescheduled gets the
 //!   same answer as at its registration, without the peers that failed since;
+//! - a peer's announcement ends when it says it finished or failed: the dfdaemon waits for
+//!   the scheduler to end that call before it answers its own download request;
 //! - `fail(true)` refuses every call, as a scheduler that is down.
 
 use std::collections::HashMap;
@@ -191,8 +193,14 @@ impl Scheduler for Service {
                         | Said::DownloadPeerBackToSourceFailedRequest(_),
                     ) => {
                         state.forget(task, peer);
-                        continue;
+                        break;
                     }
+                    // The peer's last word: it waits for this call to end before it answers
+                    // its own client.
+                    Some(
+                        Said::DownloadPeerFinishedRequest(_)
+                        | Said::DownloadPeerBackToSourceFinishedRequest(_),
+                    ) => break,
                     _ => continue,
                 };
                 let response = AnnouncePeerResponse {
