@@ -16,9 +16,13 @@ serves generated objects from memory (nothing is uploaded), so what the client c
 and per object is no longer buried under the server's CPU. W6 (ImageNet's train set in object
 count) runs only there. With --memory-limit each tool runs inside a memory cgroup of that size,
 as an init container does; its peak charge (page cache included) and OOM kills are reported.
+With --https every tool also runs over TLS, as TOOL/https beside TOOL: the origin serves TLS
+itself (a CA made at its start), Garage sits behind Debian's nginx; the tools trust the CA
+through SSL_CERT_FILE (aws-cli: AWS_CA_BUNDLE), and the results go to RESULTS-*-https.md.
 
     python3 benches/compare.py --origin --workloads W1,W3,W4 --tools hydrator,s5cmd
     python3 benches/compare.py --memory-limit 256M --workloads W1,W3 --tools hydrator,s5cmd
+    python3 benches/compare.py --origin --https --workloads W1,W3 --tools hydrator,s5cmd
 
 The tool hydrator-base is another build of hydrator (HYDRATOR_BASE_BIN=PATH), run beside this
 one for before/after figures from the same run:
@@ -233,6 +237,8 @@ class Garage:
             [binary, "-c", str(config), "server", "--single-node", "--default-bucket"],
             env=env, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log,
         )
+        self.pids = [self.process.pid]
+        self.ca_file = None
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -258,7 +264,7 @@ class Garage:
 class Origin:
     """benches/origin.rs serving every workload's objects from memory (see its header)."""
 
-    def __init__(self, workloads):
+    def __init__(self, workloads, ca_file=None):
         built = subprocess.run(
             ["cargo", "build", "--release", "--locked", "--bench", "origin",
              "--message-format", "json-render-diagnostics"],
@@ -273,14 +279,75 @@ class Origin:
         sets = []
         for workload in workloads:
             sets += ["--set", f"{workload.prefix}={workload.count}x{workload.size}"]
-        self.process = subprocess.Popen([binary] + sets, stdout=subprocess.PIPE, text=True)
+        tls = ["--tls", str(ca_file)] if ca_file else []
+        self.process = subprocess.Popen([binary] + sets + tls, stdout=subprocess.PIPE, text=True)
         self.endpoint = self.process.stdout.readline().strip()
-        if not self.endpoint.startswith("http://"):
+        if not self.endpoint.startswith("https://" if ca_file else "http://"):
             sys.exit(f"the origin did not start: {self.endpoint!r}")
+        self.pids = [self.process.pid]
+        self.ca_file = ca_file
 
     def stop(self):
         self.process.kill()
         self.process.wait()
+
+
+class NginxFront:
+    """Garage over HTTPS for --https: Debian's nginx terminating TLS in front of it, as on-prem
+    stores are commonly served, with a CA and a certificate for localhost made by openssl."""
+
+    def __init__(self, garage, work):
+        sh(["bash", str(REPO / "tests/install-nginx.sh")], stdout=subprocess.DEVNULL)
+        self.dir = work / "nginx"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.ca_file = self.dir / "ca.pem"
+        make_certificates(self.dir)
+        port = free_port()
+        upstream = garage.endpoint.removeprefix("http://")
+        at = lambda name: self.dir / name  # noqa: E731
+        (self.dir / "tmp").mkdir(exist_ok=True)
+        temp = " ".join(f"{kind}_temp_path {at('tmp')};"
+                        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+        at("nginx.conf").write_text(
+            f"daemon off;\nmaster_process off;\npid {at('nginx.pid')};\n"
+            f"error_log {at('error.log')};\nevents {{ worker_connections 4096; }}\n"
+            f"http {{\n access_log off;\n {temp}\n server {{\n"
+            f"  listen 127.0.0.1:{port} ssl;\n  server_name localhost;\n"
+            f"  ssl_certificate {at('server.pem')};\n  ssl_certificate_key {at('server.key')};\n"
+            f"  ssl_session_cache shared:bench:10m;\n  client_max_body_size 0;\n"
+            f"  location / {{\n   proxy_pass http://{upstream};\n   proxy_http_version 1.1;\n"
+            f"   proxy_set_header Connection \"\";\n   proxy_set_header Host $http_host;\n"
+            f"   proxy_buffering off;\n   proxy_request_buffering off;\n  }}\n }}\n}}\n")
+        nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+        self.process = subprocess.Popen([nginx, "-p", str(self.dir), "-c", str(at("nginx.conf"))],
+                                        stdin=subprocess.DEVNULL)
+        self.endpoint = f"https://localhost:{port}"
+        deadline = time.monotonic() + 10
+        while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                sys.exit(f"nginx did not start; see {at('error.log')}")
+            time.sleep(0.05)
+        # The TLS work is the server's too.
+        self.pids = [garage.process.pid, self.process.pid]
+
+    def stop(self):
+        self.process.kill()
+        self.process.wait()
+
+
+def make_certificates(dir):
+    """A CA (ca.pem) and the certificate it signs for localhost (server.pem, server.key)."""
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    sh(["openssl", "req", "-x509", *ec, "-keyout", str(dir / "ca.key"), "-out",
+        str(dir / "ca.pem"), "-days", "2", "-subj", "/CN=hydrator bench CA"],
+       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sh(["openssl", "req", *ec, "-keyout", str(dir / "server.key"), "-out", str(dir / "server.csr"),
+        "-subj", "/CN=localhost"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    (dir / "san.ext").write_text("subjectAltName=DNS:localhost\n")
+    sh(["openssl", "x509", "-req", "-in", str(dir / "server.csr"), "-CA", str(dir / "ca.pem"),
+        "-CAkey", str(dir / "ca.key"), "-CAcreateserial", "-out", str(dir / "server.pem"),
+        "-days", "2", "-extfile", str(dir / "san.ext")],
+       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def free_port():
@@ -289,10 +356,14 @@ def free_port():
         return s.getsockname()[1]
 
 
-def s3_env(endpoint):
+def s3_env(endpoint, ca_file=None):
     env = dict(os.environ)
-    # The endpoint is plain HTTP; rclone refuses a custom CA bundle with its transport.
+    # rclone refuses a custom CA bundle with its transport: over HTTPS, every tool but aws-cli
+    # takes the CA from SSL_CERT_FILE (hydrator reads it with the system's roots, Go's TLS in
+    # their place), curl from CURL_CA_BUNDLE.
     env.pop("AWS_CA_BUNDLE", None)
+    if ca_file:
+        env["SSL_CERT_FILE"] = env["CURL_CA_BUNDLE"] = str(ca_file)
     env.update(
         AWS_ACCESS_KEY_ID=ACCESS_KEY,
         AWS_SECRET_ACCESS_KEY=SECRET_KEY,
@@ -380,14 +451,14 @@ def process_cpu(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure(cmd, env, log_path, server_pid, limit=None):
+def measure(cmd, env, log_path, server_pids, limit=None):
     """Runs cmd under GNU time: wall time, user + sys CPU of the process tree and peak RSS,
     and the CPU the server spent meanwhile.
 
     GNU time forks the tool from its own small image; measuring a child of this Python
     process directly would count the interpreter's memory as the tool's peak RSS.
     """
-    server_before = process_cpu(server_pid)
+    server_before = sum(process_cpu(pid) for pid in server_pids)
     if limit:
         cmd = limit.wrap(cmd)
     usage_path = log_path.with_suffix(".usage")
@@ -398,7 +469,7 @@ def measure(cmd, env, log_path, server_pid, limit=None):
         done = subprocess.run([TIME, "-f", "%U %S %M", "-o", str(usage_path), "--"] + cmd,
                               env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
         wall = time.monotonic() - start
-    server_cpu = process_cpu(server_pid) - server_before
+    server_cpu = sum(process_cpu(pid) for pid in server_pids) - server_before
     user, system, rss_kib = usage_path.read_text().split()[-3:]
     run = Run(wall, float(user) + float(system), int(rss_kib), done.returncode == 0,
               f"exit {done.returncode}", server_cpu)
@@ -586,9 +657,9 @@ def touch_free_memory(margin=2 * GiB):
 # ---------------------------------------------------------------- the matrix
 
 
-def run_matrix(args, tools, garage, work):
-    env = s3_env(garage.endpoint)
-    env_hydrator = dict(env, HYDRATOR_PATH_STYLE="true")
+def run_matrix(args, tools, servers, work):
+    """Every tool on every workload, rounds interleaved; with --https each tool (and the
+    ceiling) runs again as `TOOL/https` against the same objects over TLS."""
     hydrators = ("hydrator", "hydrator-direct", "hydrator-base")
     results = {}  # (workload, tool) -> Cell
     log_path = work / "runs.log"
@@ -604,36 +675,41 @@ def run_matrix(args, tools, garage, work):
             order = args.tools[round_no % len(args.tools):] + args.tools[:round_no % len(args.tools)]
             if wname in ("W1", "W2"):
                 order = order + ["ceiling"]
-            for tool in order:
+            order = [tool + scheme for tool in order for scheme in servers]
+            for name in order:
+                tool, _, scheme = name.partition("/")
+                server = servers["/" + scheme if scheme else ""]
+                env = s3_env(server.endpoint, server.ca_file)
+                if tool == "aws" and server.ca_file:
+                    env["AWS_CA_BUNDLE"] = str(server.ca_file)
+                if tool in hydrators:
+                    env["HYDRATOR_PATH_STYLE"] = "true"
                 if tool == "aws" and wname == "W5" and not args.aws_w5:
                     continue
                 if tool == "ceiling":
-                    cmd = ceiling_command(workload, garage.endpoint)
+                    cmd = ceiling_command(workload, server.endpoint)
                 else:
-                    dest = args.dests.fresh(tool, workload)
+                    dest = args.dests.fresh(name.replace("/", "-"), workload)
                     cmd = command(tool, tools, workload, dest, False, None)
-                run = measure(cmd, env_hydrator if tool in hydrators else env, log_path,
-                              garage.process.pid, args.limit)
+                run = measure(cmd, env, log_path, server.pids, args.limit)
                 if run.ok and tool != "ceiling":
                     count, total = tree_size(dest)
                     if (count, total) != (workload.count, workload.total):
                         run.ok = False
                         run.note = f"incomplete: {count} files, {total} B"
-                results.setdefault((wname, tool), Cell()).runs.append(run)
-                log(f"round {round_no + 1} {wname} {tool}: {run.wall:.2f} s, cpu {run.cpu:.2f} s, "
+                results.setdefault((wname, name), Cell()).runs.append(run)
+                log(f"round {round_no + 1} {wname} {name}: {run.wall:.2f} s, cpu {run.cpu:.2f} s, "
                     f"rss {run.rss_kib / 1024:.0f} MiB{'' if run.ok else ' FAILED ' + run.note}")
                 sh(["sync"])
                 warm = tool not in ("ceiling", "s5cmd+sync", "hydrator-direct", "hydrator-base")
-                if wname == "W3" and "W4" in args.workloads and warm and run.ok:
-                    warm_runs(tool, tools, dest, garage, env, env_hydrator, log_path, snapshot,
-                              results, round_no, args.limit)
+                if wname == "W3" and "W4" in args.workloads and warm and run.ok and not scheme:
+                    warm_runs(tool, tools, dest, server, env, log_path, snapshot, results,
+                              round_no, args.limit)
     return results
 
 
-def warm_runs(tool, tools, dest, garage, env, env_hydrator, log_path, snapshot, results, round_no,
-              limit):
+def warm_runs(tool, tools, dest, server, env, log_path, snapshot, results, round_no, limit):
     workload = WORKLOADS["W4"]
-    tool_env = env_hydrator if tool == "hydrator" else env
     variants = [(tool, None)]
     if tool == "hydrator":
         variants.append(("hydrator --snapshot", snapshot))
@@ -641,12 +717,11 @@ def warm_runs(tool, tools, dest, garage, env, env_hydrator, log_path, snapshot, 
         if snap:
             if not snap.exists():
                 sh([tools["hydrator"], "snapshot", f"s3://{BUCKET}/{workload.prefix}/", "-o",
-                    str(snap)], env=tool_env, stdout=subprocess.DEVNULL)
+                    str(snap)], env=env, stdout=subprocess.DEVNULL)
             # Hydrate DEST from the snapshot once, so that the no-request shortcut applies.
-            sh(command(tool, tools, workload, dest, True, snap) + ["-q"],
-               env=tool_env)
+            sh(command(tool, tools, workload, dest, True, snap) + ["-q"], env=env)
         cmd = command(tool, tools, workload, dest, True, snap)
-        run = measure(cmd, tool_env, log_path, garage.process.pid, limit)
+        run = measure(cmd, env, log_path, server.pids, limit)
         results.setdefault(("W4", name), Cell()).runs.append(run)
         log(f"round {round_no + 1} W4 {name}: {run.wall:.3f} s, cpu {run.cpu:.2f} s, "
             f"rss {run.rss_kib / 1024:.0f} MiB{'' if run.ok else ' FAILED ' + run.note}")
@@ -677,9 +752,10 @@ def table(results, args):
     for wname in args.workloads:
         workload = WORKLOADS[wname]
         tools = [t for (w, t) in results if w == wname]
-        s5 = results.get((wname, "s5cmd"))
-        ceiling = results.get((wname, "ceiling"))
         for tool in tools:
+            scheme = tool[tool.index("/"):] if "/" in tool else ""
+            s5 = results.get((wname, "s5cmd" + scheme))
+            ceiling = results.get((wname, "ceiling" + scheme))
             cell = results[(wname, tool)]
             wall, cpu = cell.median("wall"), cell.median("cpu")
             ok = f"{len(cell.good())}/{len(cell.runs)}"
@@ -714,19 +790,22 @@ def cost_table(results, args):
     NIC busy or to fetch 10,000 objects a second at that cost."""
     rows = [
         "| workload | tool | client CPU s | GiB per CPU-s | CPU ms per object "
-        "| cores for 100 Gbit/s | cores for 10k obj/s | CPU vs s5cmd |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| cores for 100 Gbit/s | cores for 10k obj/s | CPU vs s5cmd | CPU vs HTTP |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for wname in args.workloads:
         workload = WORKLOADS[wname]
         if workload.warm_of:
             continue
-        s5 = results.get((wname, "s5cmd"))
         for tool in [t for (w, t) in results if w == wname]:
             cpu = results[(wname, tool)].median("cpu")
             if not cpu:
                 continue
+            base, _, scheme = tool.partition("/")
+            s5 = results.get((wname, "s5cmd" + ("/" + scheme if scheme else "")))
             vs = f"{cpu / s5.median('cpu'):.2f}×" if s5 and s5.median("cpu") else ""
+            plain = results.get((wname, base)) if scheme else None
+            vs_http = f"{cpu / plain.median('cpu'):.2f}×" if plain and plain.median("cpu") else ""
             if workload.count < 100:  # a byte workload: cost per GiB
                 per_gib = f"{workload.total / GiB / cpu:.2f}"
                 line_cores = f"{LINE_RATE / (workload.total / cpu):.1f}"
@@ -736,7 +815,7 @@ def cost_table(results, args):
                 per_object = f"{cpu / workload.count * 1000:.3f}"
                 object_cores = f"{OBJECT_RATE * cpu / workload.count:.1f}"
             rows.append(f"| {wname} | {tool} | {cpu:.2f} | {per_gib} | {per_object} "
-                        f"| {line_cores} | {object_cores} | {vs} |")
+                        f"| {line_cores} | {object_cores} | {vs} | {vs_http} |")
     return "\n".join(rows)
 
 
@@ -801,6 +880,9 @@ def main():
                         help="Garage data, uploads and DESTs (kept between runs)")
     parser.add_argument("--origin", action="store_true",
                         help="serve generated objects from benches/origin.rs instead of Garage")
+    parser.add_argument("--https", action="store_true",
+                        help="also run every tool over HTTPS (the origin with --tls, or nginx "
+                             "in front of Garage), as TOOL/https beside TOOL")
     parser.add_argument("--memory-limit", metavar="SIZE",
                         help="run each tool in a memory cgroup of this size (e.g. 256M)")
     parser.add_argument("--results", type=Path,
@@ -811,6 +893,8 @@ def main():
     if args.results is None:
         name = "RESULTS-origin.md" if args.origin else (
             "RESULTS-memory-limit.md" if args.limit else "RESULTS.md")
+        if args.https:
+            name = name.replace(".md", "-https.md")
         args.results = REPO / "benches" / name
     args.workloads = [w.strip().upper() for w in args.workloads.split(",") if w.strip()]
     args.tools = [t.strip() for t in args.tools.split(",") if t.strip()]
@@ -825,11 +909,13 @@ def main():
     args.work.mkdir(parents=True, exist_ok=True)
     tools = ensure_tools(set(args.tools) | {"s5cmd"})
     versions = version_of(tools)
-    if args.origin:
-        garage = Origin([WORKLOADS[w] for w in args.workloads if not WORKLOADS[w].warm_of])
-    else:
-        garage = Garage(tools["garage"], args.work)
+    sets = [WORKLOADS[w] for w in args.workloads if not WORKLOADS[w].warm_of]
+    garage = Origin(sets) if args.origin else Garage(tools["garage"], args.work)
+    servers = {"": garage}
     try:
+        if args.https:
+            servers["/https"] = (Origin(sets, args.work / "origin-ca.pem") if args.origin
+                                 else NginxFront(garage, args.work))
         env = s3_env(garage.endpoint)
         for wname in args.workloads:
             if not WORKLOADS[wname].warm_of and not args.origin:
@@ -839,12 +925,13 @@ def main():
         if args.reporting.saved is not None:
             touch_free_memory()
         try:
-            results = run_matrix(args, tools, garage, args.work)
+            results = run_matrix(args, tools, servers, args.work)
         finally:
             args.dests.release()
             args.reporting.restore()
     finally:
-        garage.stop()
+        for server in reversed(servers.values()):
+            server.stop()
     print(table(results, args))
     print(cost_table(results, args))
     write_results(results, args, versions, args.results)

@@ -7,7 +7,10 @@
 //!     cargo build --release --bench origin
 //!     target/release/deps/origin-HASH --set w1=1x2147483648 --set w3=20000x65536
 //!
-//! prints `http://127.0.0.1:PORT` once it listens. A set `NAME=COUNTxSIZE` is bucket `bench`,
+//! prints `http://127.0.0.1:PORT` once it listens; with `--tls CA_FILE` it serves HTTPS instead
+//! (TLS 1.3 and 1.2, rustls), with a certificate for `localhost` signed by a CA made at start,
+//! whose certificate it writes to CA_FILE for the client's `--ca-bundle`, and prints
+//! `https://localhost:PORT`. A set `NAME=COUNTxSIZE` is bucket `bench`,
 //! keys `NAME/f000000.bin`… (with `dNNNN/` directories of 1,000 files when COUNT > 1,000, as
 //! `compare.py` uploads them). Object bytes are a 1 MiB random block read cyclically from an
 //! offset that depends on the object, so bodies are slices of one shared buffer: no copy and no
@@ -25,6 +28,9 @@ use http_body_util::Full;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
+
+#[path = "../tests/e2e/support/authority.rs"]
+mod authority;
 
 const BUCKET: &str = "bench";
 const BLOCK: usize = 1 << 20;
@@ -347,6 +353,7 @@ fn answer(origin: &Origin, req: &Request<Incoming>) -> Answer {
 fn main() {
     let mut sets = Vec::new();
     let mut port = 0u16;
+    let mut tls = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -361,6 +368,7 @@ fn main() {
                     .and_then(|p| p.parse().ok())
                     .unwrap_or_else(|| fail("--port needs a number"))
             }
+            "--tls" => tls = Some(args.next().unwrap_or_else(|| fail("--tls needs CA_FILE"))),
             // `cargo test` and `cargo bench` pass flags of their own.
             _ => {}
         }
@@ -376,7 +384,13 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    runtime.block_on(serve(origin, SocketAddr::from(([127, 0, 0, 1], port))));
+    let tls = tls.map(|ca_file| {
+        let authority = authority::Authority::new();
+        std::fs::write(&ca_file, &authority.ca_pem).unwrap_or_else(|e| fail(&e.to_string()));
+        tokio_rustls::TlsAcceptor::from(Arc::new(authority.server_config()))
+    });
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    runtime.block_on(serve(origin, addr, tls));
 }
 
 fn fail(why: &str) -> ! {
@@ -384,9 +398,13 @@ fn fail(why: &str) -> ! {
     std::process::exit(2)
 }
 
-async fn serve(origin: Arc<Origin>, addr: SocketAddr) {
+async fn serve(origin: Arc<Origin>, addr: SocketAddr, tls: Option<tokio_rustls::TlsAcceptor>) {
     let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
-    println!("http://{}", listener.local_addr().expect("address"));
+    let port = listener.local_addr().expect("address").port();
+    match tls {
+        Some(_) => println!("https://localhost:{port}"),
+        None => println!("http://127.0.0.1:{port}"),
+    }
     use std::io::Write;
     std::io::stdout().flush().expect("stdout");
     loop {
@@ -394,16 +412,22 @@ async fn serve(origin: Arc<Origin>, addr: SocketAddr) {
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let origin = origin.clone();
+        let (origin, tls) = (origin.clone(), tls.clone());
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let answer = answer(&origin, &req);
                 async move { Ok::<_, Infallible>(answer) }
             });
-            let _ = hyper::server::conn::http1::Builder::new()
+            let http = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+                .clone();
+            let _ = match tls {
+                None => http.serve_connection(TokioIo::new(stream), service).await,
+                Some(tls) => match tls.accept(stream).await {
+                    Ok(stream) => http.serve_connection(TokioIo::new(stream), service).await,
+                    Err(_) => return, // the client refused the certificate
+                },
+            };
         });
     }
 }

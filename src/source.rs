@@ -15,5 +15,6 @@ pub(crate) mod list;
 pub(crate) mod memory;
 pub(crate) mod object_source;
 pub(crate) mod s3;
+pub(crate) mod tls;
 pub(crate) mod unverified_tls;
 pub(crate) mod url;

@@ -8,8 +8,9 @@
 //! answer within the SDK's first-byte timeout hands the request to the SDK path, which retries,
 //! classifies and reports as always. What the SDK does on a 200 is done here too: the body is
 //! CRC'd against the full-object checksum header, and a body with no bytes for the stall grace
-//! fails as a stalled one. Used with a plain-HTTP custom endpoint (in-cluster MinIO, Garage,
-//! Ceph RGW) and unversioned GETs; HTTPS and AWS keep the SDK path.
+//! fails as a stalled one. Used with a custom endpoint (in-cluster MinIO, Garage, Ceph RGW) over
+//! HTTP or HTTPS, trusting what the SDK trusts (`source::tls`), and unversioned GETs; AWS keeps
+//! the SDK path. A certificate the lean path refuses, the SDK path refuses too, and reports.
 
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
@@ -25,6 +26,7 @@ use aws_smithy_runtime_api::client::identity::Identity;
 use bytes::Bytes;
 use futures::stream;
 use http_body_util::{BodyExt, Empty};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
@@ -44,8 +46,8 @@ const KEY_ESCAPES: &AsciiSet = &NON_ALPHANUMERIC
 const REFRESH_BEFORE_EXPIRY: Duration = Duration::from_secs(300);
 
 pub(crate) struct LeanGets {
-    client: Client<HttpConnector, Empty<Bytes>>,
-    /// `http://host:port`, without a trailing slash.
+    client: Client<HttpsConnector<HttpConnector>, Empty<Bytes>>,
+    /// `http(s)://host:port`, without a trailing slash.
     endpoint: String,
     path_style: bool,
     region: String,
@@ -56,7 +58,7 @@ pub(crate) struct LeanGets {
 
 impl LeanGets {
     /// The lean path for `settings` beside the SDK client `sdk` and its `credentials`, when they
-    /// allow one: a plain-HTTP endpoint, a region, and credentials unless unsigned.
+    /// allow one: a custom HTTP(S) endpoint, a region, and credentials unless unsigned.
     pub(crate) fn for_settings(
         settings: &ClientSettings,
         sdk: &aws_sdk_s3::Client,
@@ -65,21 +67,16 @@ impl LeanGets {
     ) -> Option<Self> {
         let endpoint = settings.endpoint.as_deref()?.trim_end_matches('/');
         let uri: hyper::Uri = endpoint.parse().ok()?;
-        let plain_root = uri.scheme_str() == Some("http") && matches!(uri.path(), "" | "/");
-        if !plain_root || uri.query().is_some() {
+        let web = matches!(uri.scheme_str(), Some("http" | "https"));
+        if !web || !matches!(uri.path(), "" | "/") || uri.query().is_some() {
             return None;
         }
         let credentials = match settings.anonymous {
             true => None,
             false => Some(CachedCredentials::new(credentials?)),
         };
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
-        connector.set_nodelay(true);
         Some(Self {
-            client: Client::builder(TokioExecutor::new())
-                .pool_timer(TokioTimer::new())
-                .build(connector),
+            client: pooled_client(settings),
             endpoint: endpoint.to_string(),
             path_style: settings.path_style,
             region: sdk.config().region()?.to_string(),
@@ -161,6 +158,22 @@ impl LeanGets {
             }
         }
     }
+}
+
+/// A pooled HTTP and HTTPS client, with the TLS `settings` ask for.
+fn pooled_client(settings: &ClientSettings) -> Client<HttpsConnector<HttpConnector>, Empty<Bytes>> {
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+    connector.set_nodelay(true);
+    connector.enforce_http(false);
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(super::tls::client_config(settings))
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(connector);
+    Client::builder(TokioExecutor::new())
+        .pool_timer(TokioTimer::new())
+        .build(connector)
 }
 
 /// How the SDK signs for S3: the payload hash in `x-amz-content-sha256`, the path escaped once
@@ -286,7 +299,7 @@ mod tests {
     use crate::source::client::StaticCredentials;
 
     #[tokio::test]
-    async fn only_plain_http_root_endpoints_take_the_lean_path() {
+    async fn only_http_and_https_root_endpoints_take_the_lean_path() {
         let credentials = StaticCredentials {
             access_key: "a".to_string(),
             secret_key: "b".to_string(),
@@ -294,7 +307,9 @@ mod tests {
         for (endpoint, lean) in [
             ("http://127.0.0.1:9000", true),
             ("http://127.0.0.1:9000/", true),
-            ("https://127.0.0.1:9000", false),
+            ("https://127.0.0.1:9000", true),
+            ("ftp://127.0.0.1:9000", false),
+            ("https://127.0.0.1:9000/prefix", false),
             ("http://127.0.0.1:9000/prefix", false),
         ] {
             let settings = settings(endpoint, credentials.clone());
@@ -310,8 +325,13 @@ mod tests {
 
     #[test]
     fn keys_are_escaped_once_and_addressed_as_the_sdk_would() {
+        let credentials = StaticCredentials {
+            access_key: "a".to_string(),
+            secret_key: "b".to_string(),
+        };
+        let settings = settings("http://h:9", credentials);
         let lean = |path_style| LeanGets {
-            client: Client::builder(TokioExecutor::new()).build(HttpConnector::new()),
+            client: pooled_client(&settings),
             endpoint: "http://h:9".to_string(),
             path_style,
             region: "r".to_string(),

@@ -116,17 +116,21 @@ impl HttpClient for UnverifiedClient {
     }
 }
 
-/// An HTTP(S) client for the SDK that does not check server certificates.
-pub(crate) fn client() -> SharedHttpClient {
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let tls = rustls::ClientConfig::builder_with_provider(provider.clone())
+/// A TLS configuration that does not check server certificates.
+pub(super) fn client_config() -> rustls::ClientConfig {
+    let provider = super::tls::provider();
+    rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .expect("the default TLS versions are supported")
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(AcceptAnyCertificate(provider)))
-        .with_no_client_auth();
+        .with_no_client_auth()
+}
+
+/// An HTTP(S) client for the SDK that does not check server certificates.
+pub(crate) fn client() -> SharedHttpClient {
     let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
+        .with_tls_config(client_config())
         .https_or_http()
         .enable_http1()
         .build();

@@ -43,6 +43,7 @@ macro_rules! on_every_server {
     };
 }
 
+pub mod authority;
 pub mod csi;
 pub mod daemon;
 pub mod dfdaemon;
@@ -52,6 +53,7 @@ pub mod garage;
 pub mod keeper;
 pub mod moto;
 pub mod mount;
+pub mod nginx;
 pub mod scheduler;
 pub mod seccomp;
 pub mod tls;
