@@ -1,10 +1,10 @@
-//! The fleet: 8 simulated nodes on loopback addresses (127.0.1.1–8), each a real `dfdaemon`
+//! The fleet: 8 simulated nodes on loopback addresses (127.0.B.1–8), each a real `dfdaemon`
 //! and a real `hydrator daemon`, the store (the in-process server, counting GETs, HEADs,
 //! listings and bytes) and the scheduler stand-in (`support::scheduler`). It runs through
 //! `tests/fleet.sh` (`HYDRATOR_FLEET=1`), which installs `dfdaemon` first; in the suite it
 //! prints a SKIP line. One run, in phases: the 8 nodes warm one sealed dataset at once (the
 //! figures); a ninth node without a dfdaemon warms it beside them; the scheduler goes down; an
-//! object is replaced while the first peer reads it.
+//! object is replaced while the nodes fetch it.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
@@ -56,6 +56,13 @@ fn large_part(all: &BTreeMap<String, Vec<u8>>) -> (u64, u64) {
     )
 }
 
+/// The B of the nodes' addresses 127.0.B.N, new for each run: the connections of a run that
+/// just ended linger in TIME_WAIT on the dfdaemons' fixed ports, and a dfdaemon does not
+/// start on a port that has them ("Address already in use").
+fn subnet() -> u32 {
+    1 + std::process::id() % 250
+}
+
 /// One node's dfdaemon, killed when dropped.
 struct Peer {
     child: Child,
@@ -65,7 +72,7 @@ struct Peer {
 
 impl Peer {
     fn start(bin: &Path, home: &Path, n: usize, scheduler: std::net::SocketAddr) -> Self {
-        let ip = format!("127.0.1.{}", n + 1);
+        let ip = format!("127.0.{}.{}", subnet(), n + 1);
         let socket = home.join("dfdaemon.sock");
         let config = format!(
             "host:\n  hostname: node{n}\n  ip: {ip}\n\
@@ -469,19 +476,35 @@ fn eight_nodes_take_a_sealed_dataset_with_the_store_serving_each_large_byte_once
     );
     scheduler.fail(false);
 
-    // 4. `replaced`'s large object is overwritten in the store while the first peer reads it:
-    // no node is ready with mixed bytes, and the error names the object.
+    // 4. `replaced`'s large object is overwritten in the store at its third ranged GET (a
+    // dfdaemon's stat or a piece): a node is ready only with the sealed bytes (those that got
+    // them before the replacement, from the store or a peer); any other fails naming the
+    // object. Which nodes got them first is a race, so both outcomes are allowed.
     let key = format!("{}shards/000.tar", replaced.prefix);
+    let fired = server.faults.served();
     server
         .faults
         .add(Rule::get(&key, Fault::ReplaceObject(content(799, 64 * MIB))).skip(2));
     let outputs = warm_on(&fleet_nodes, "replaced");
+    assert_eq!(
+        server.faults.served(),
+        fired + 1,
+        "the object was not replaced"
+    );
+    let mut failed = 0;
     for (node, output) in fleet_nodes.iter().zip(&outputs) {
         let stderr = String::from_utf8_lossy(&output.stderr);
+        let status = node.status("replaced");
+        if status["state"] == "ready" {
+            let path = PathBuf::from(status["path"].as_str().unwrap());
+            assert!(read_tree(&path) == replaced.all, "ready with other bytes");
+            continue;
+        }
+        failed += 1;
         assert!(!output.status.success(), "{stderr}");
         assert!(stderr.contains("shards/000.tar"), "{stderr}");
-        assert_ne!(node.status("replaced")["state"], "ready");
     }
+    eprintln!("replaced mid-fetch: {failed} of {NODES} nodes failed, the others ready as sealed");
     eprintln!("{context}");
     drop(peers);
 }
