@@ -167,7 +167,10 @@ fn pooled_client(settings: &ClientSettings) -> Client<HttpsConnector<HttpConnect
     connector.set_nodelay(true);
     connector.enforce_http(false);
     let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(super::tls::client_config(settings))
+        .with_tls_config(super::tls::client_config(
+            settings.ca_bundle.as_deref(),
+            settings.no_verify_ssl,
+        ))
         .https_or_http()
         .enable_http1()
         .wrap_connector(connector);

@@ -8,11 +8,11 @@
 
 use std::sync::{Arc, LazyLock};
 
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::CertificateDer;
-use rustls::RootCertStore;
-
-use super::client::ClientSettings;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 
 /// The system's roots, read once per process (each read parses the whole store).
 static SYSTEM_ROOTS: LazyLock<Vec<CertificateDer<'static>>> = LazyLock::new(|| {
@@ -30,20 +30,63 @@ pub(crate) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
 
-/// The client configuration for `settings`: certificates checked against the system's roots
-/// and the CA bundle, or not checked at all with `--no-verify-ssl`.
-pub(crate) fn client_config(settings: &ClientSettings) -> rustls::ClientConfig {
-    if settings.no_verify_ssl {
-        return super::unverified_tls::client_config();
+/// The client configuration: certificates checked against the system's roots and the
+/// `ca_bundle` (PEM, checked to hold certificates when it was read), or, with `no_verify`
+/// (`--no-verify-ssl`), not checked at all.
+pub(crate) fn client_config(ca_bundle: Option<&[u8]>, no_verify: bool) -> rustls::ClientConfig {
+    let builder = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .expect("aws-lc supports TLS 1.2 and 1.3");
+    if no_verify {
+        return builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AcceptAnyCertificate(provider())))
+            .with_no_client_auth();
     }
     let mut roots = RootCertStore::empty();
     roots.add_parsable_certificates(SYSTEM_ROOTS.iter().cloned());
-    let bundle = settings.ca_bundle.as_deref().unwrap_or_default();
-    // `--ca-bundle` was checked to hold PEM certificates when it was read.
+    let bundle = ca_bundle.unwrap_or_default();
     roots.add_parsable_certificates(CertificateDer::pem_slice_iter(bundle).flatten());
-    rustls::ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .expect("aws-lc supports TLS 1.2 and 1.3")
-        .with_root_certificates(roots)
-        .with_no_client_auth()
+    builder.with_root_certificates(roots).with_no_client_auth()
+}
+
+/// Every certificate is taken; only the handshake's signatures are checked.
+#[derive(Debug)]
+struct AcceptAnyCertificate(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for AcceptAnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        signature: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        let algorithms = &self.0.signature_verification_algorithms;
+        verify_tls12_signature(message, cert, signature, algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        signature: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        let algorithms = &self.0.signature_verification_algorithms;
+        verify_tls13_signature(message, cert, signature, algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
 }

@@ -1,9 +1,8 @@
 //! `--no-verify-ssl`: an HTTPS client for the SDK that accepts any server certificate. The
 //! SDK's own client takes a trust store but no certificate verifier, so this is hyper-util's
-//! pooled client over hyper-rustls with a verifier that accepts every certificate. The
-//! handshake's signatures are still checked (it is TLS, encrypted); who the server is, is not.
+//! pooled client over hyper-rustls with the verifier of `source::tls` that accepts every
+//! certificate.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use aws_smithy_runtime_api::client::http::{
@@ -17,51 +16,6 @@ use aws_smithy_types::body::SdkBody;
 use hyper_util::client::legacy::connect::HttpConnector as TcpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, SignatureScheme};
-
-/// Every certificate is taken; only the handshake's signatures are checked.
-#[derive(Debug)]
-struct AcceptAnyCertificate(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for AcceptAnyCertificate {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        signature: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        let algorithms = &self.0.signature_verification_algorithms;
-        verify_tls12_signature(message, cert, signature, algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        signature: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        let algorithms = &self.0.signature_verification_algorithms;
-        verify_tls13_signature(message, cert, signature, algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
 
 type Https = hyper_rustls::HttpsConnector<TcpConnector>;
 
@@ -116,21 +70,10 @@ impl HttpClient for UnverifiedClient {
     }
 }
 
-/// A TLS configuration that does not check server certificates.
-pub(super) fn client_config() -> rustls::ClientConfig {
-    let provider = super::tls::provider();
-    rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .expect("the default TLS versions are supported")
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AcceptAnyCertificate(provider)))
-        .with_no_client_auth()
-}
-
 /// An HTTP(S) client for the SDK that does not check server certificates.
 pub(crate) fn client() -> SharedHttpClient {
     let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(client_config())
+        .with_tls_config(super::tls::client_config(None, true))
         .https_or_http()
         .enable_http1()
         .build();
