@@ -2,10 +2,10 @@
 //! TLS 1.3 and 1.2 (the SDK sends only the listing), connections are reused, and a connection
 //! the server closed reopens with a resumed session.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::support::nginx::{Logged, Nginx};
-use crate::support::{assert_mirror, content, files, hydrator_sync, temp_dest, S3Target, Server};
+use crate::support::{assert_mirror, content, hydrator_sync, temp_dest, S3Target, Server};
 
 const OBJECTS: u64 = 60;
 /// Requests per connection before nginx closes it.
@@ -24,11 +24,9 @@ fn object_gets(nginx: &Nginx) -> Vec<Logged> {
 #[test]
 fn whole_object_gets_over_https_take_the_lean_path_reusing_connections_and_sessions() {
     let server = Server::local();
-    let all: Vec<(String, Vec<u8>)> = (0..OBJECTS)
+    let expected: BTreeMap<String, Vec<u8>> = (0..OBJECTS)
         .map(|n| (format!("f{n:03}.bin"), content(900 + n, 20_000)))
         .collect();
-    let refs: Vec<(&str, Vec<u8>)> = all.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
-    let expected = files(&refs);
     server.seed("secure/", &expected);
     let upstream = server.target.endpoint.trim_start_matches("http://");
     let url = format!("s3://{}/secure/", server.target.bucket);
