@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use clap::builder::PossibleValue;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::config::{self, IoBackendChoice, ProgressMode, SyncConfig, SyncConfigBuilder};
+use crate::config::{self, DirectIo, IoBackendChoice, ProgressMode, SyncConfig, SyncConfigBuilder};
 use crate::console::Format;
 use crate::error::UsageError;
 use crate::source::url::S3Url;
@@ -58,6 +58,17 @@ macro_rules! value_enum {
 }
 
 value_enum!(Format { Text => "text", Json => "json" });
+
+/// Parses `--direct-io`: auto, always or never; a yes/no answer (the flag's earlier form, as
+/// `HYDRATOR_DIRECT_IO=true`) means always or never.
+fn parse_direct_io(text: &str) -> Result<DirectIo, String> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "auto" => Ok(DirectIo::Auto),
+        "always" | "true" | "yes" | "on" | "1" => Ok(DirectIo::Always),
+        "never" | "false" | "no" | "off" | "0" => Ok(DirectIo::Never),
+        other => Err(format!("{other:?}: expected auto, always or never")),
+    }
+}
 value_enum!(IoBackendChoice { Auto => "auto", IoUring => "io-uring", Pwrite => "pwrite" });
 value_enum!(ProgressMode { Auto => "auto", Bar => "bar", Log => "log", None => "none" });
 
@@ -394,14 +405,21 @@ pub struct SyncOptions {
         help_heading = "Transfer"
     )]
     pub io_backend: IoBackendChoice,
-    /// Bypass the page cache (O_DIRECT) for datasets larger than memory.
+    /// Write with O_DIRECT, past the page cache: auto (files larger than a write buffer, where
+    /// DEST's filesystem takes it), always (every file; `--direct-io` alone), never.
     #[arg(
         long,
         env = "HYDRATOR_DIRECT_IO",
         hide_env_values = true,
-        help_heading = "Transfer"
-    , value_parser = clap::builder::BoolishValueParser::new())]
-    pub direct_io: bool,
+        help_heading = "Transfer",
+        value_name = "WHEN",
+        default_value = "auto",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "always",
+        value_parser = parse_direct_io
+    )]
+    pub direct_io: DirectIo,
     /// Write a JSON report here.
     #[arg(
         long,
@@ -567,5 +585,37 @@ impl SyncOptions {
             allow_empty: self.allow_empty,
             ..self.connection.apply(config)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    fn direct_io_of(args: &[&str]) -> DirectIo {
+        let cli = Cli::try_parse_from(["hydrator", "sync"].iter().chain(args)).unwrap();
+        let Command::Sync(sync) = cli.command else {
+            panic!("a sync")
+        };
+        assert_eq!(sync.paths, ["s3://b/p/", "/d"], "{args:?}");
+        sync.options.direct_io
+    }
+
+    #[test]
+    fn direct_io_is_auto_unless_asked_and_the_bare_flag_means_always() {
+        assert_eq!(direct_io_of(&["s3://b/p/", "/d"]), DirectIo::Auto);
+        assert_eq!(
+            direct_io_of(&["--direct-io", "s3://b/p/", "/d"]),
+            DirectIo::Always
+        );
+        assert_eq!(
+            direct_io_of(&["s3://b/p/", "/d", "--direct-io=never"]),
+            DirectIo::Never
+        );
+        assert_eq!(parse_direct_io(" TRUE"), Ok(DirectIo::Always));
+        assert_eq!(parse_direct_io("0"), Ok(DirectIo::Never));
+        assert!(parse_direct_io("sometimes").is_err());
     }
 }

@@ -61,7 +61,10 @@ async fn signed_gets_of_awkward_keys_are_answered_by_the_lean_path() {
     let (_root, server) = serve_keys().await;
     let (lean, responses) = lean_with(&server, server.credentials.clone()).await;
     for (i, key) in KEYS.iter().enumerate() {
-        let response = lean.get(&object(key)).await.expect("answered with a 200");
+        let response = lean
+            .get(&object(key), None)
+            .await
+            .expect("answered with a 200");
         let chunks: Vec<Bytes> = response.body.try_collect().await.unwrap();
         assert_eq!(chunks.concat(), content(i), "{key}");
     }
@@ -79,9 +82,33 @@ async fn a_refused_answer_is_recorded_and_left_to_the_sdk() {
         secret_key: "not the secret".to_string(),
     };
     let (lean, responses) = lean_with(&server, wrong).await;
-    assert!(lean.get(&object(KEYS[0])).await.is_none());
+    assert!(lean.get(&object(KEYS[0]), None).await.is_none());
     assert_eq!(
         responses.by_operation(),
         [(("GetObject".to_string(), 403), 1)].into()
+    );
+}
+
+#[tokio::test]
+async fn ranged_gets_are_answered_with_their_range() {
+    let (_root, server) = serve_keys().await;
+    let (lean, responses) = lean_with(&server, server.credentials.clone()).await;
+    let key = KEYS[1];
+    let response = lean
+        .get(&object(key), Some(100..1100))
+        .await
+        .expect("answered with a 206");
+    let total = content(1).len();
+    assert_eq!(
+        response.content_range.as_deref(),
+        Some(format!("bytes 100-1099/{total}").as_str())
+    );
+    assert_eq!(response.content_length, Some(1000));
+    let chunks: Vec<Bytes> = response.body.try_collect().await.unwrap();
+    assert_eq!(chunks.concat(), content(1)[100..1100]);
+
+    assert_eq!(
+        responses.by_operation(),
+        [(("GetObject".to_string(), 206), 1)].into()
     );
 }

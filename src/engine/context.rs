@@ -12,7 +12,7 @@ use crate::manifest::Manifest;
 use crate::source::object_source::ObjectSource;
 use crate::write::buffer::BufferPool;
 use crate::write::commit::Committer;
-use crate::write::dest::Dest;
+use crate::write::dest::{Dest, DirectWrites};
 use crate::write::Writers;
 
 pub(super) struct Ctx {
@@ -36,7 +36,7 @@ pub(super) struct FetchCtx {
 
 pub(super) struct WriteCtx {
     pub dest: Arc<Dest>,
-    pub direct_io: bool,
+    pub direct: DirectWrites,
     pub writers: Writers,
     pub committer: Committer,
     pub manifest: Arc<Manifest>,

@@ -20,7 +20,7 @@ use super::run::{
     stopped, summarize, Hooks, Outcome, Tally,
 };
 use super::stats::Stats;
-use crate::config::SyncConfig;
+use crate::config::{DirectIo, SyncConfig};
 use crate::error::{Exit, IoContext, LocalError, SyncError};
 use crate::manifest::base::Cursor;
 use crate::manifest::journal::SourceInfo;
@@ -275,7 +275,9 @@ impl Plan<'_> {
         if self.cfg.delete && dest.has_partial(rel)? {
             self.replaced_partials.insert(rel.partial_path());
         }
-        let (direct, part_size) = (self.cfg.direct_io, self.cfg.part_size());
+        // Without probing DEST (a dry run writes nothing): `auto` writes large files directly.
+        let direct = self.cfg.direct_io != DirectIo::Never;
+        let part_size = self.cfg.part_size();
         let Some(known) = known.filter(|k| resumable(k, &entry.etag, entry.size, part_size)) else {
             return Ok((None, 0));
         };

@@ -240,7 +240,7 @@ async fn download(
             rel.clone(),
             object.key.clone(),
         );
-        let (size, direct) = (object.size, ctx.write.direct_io);
+        let (size, direct) = (object.size, ctx.write.direct.large);
         blocking(move || {
             if let Some(known) = resumable {
                 let reopened = dest
@@ -262,7 +262,7 @@ async fn download(
     let file = Arc::new(file);
     match fetch_all_parts(ctx, &object, &file, attempt, &resumed).await {
         Ok(hash) => {
-            let (size, direct) = (object.size, ctx.write.direct_io);
+            let (size, direct) = (object.size, ctx.write.direct.large);
             let rel = rel.clone();
             blocking(move || {
                 finish_file(&file, size, direct, modified)
@@ -300,7 +300,7 @@ async fn download_small(
     rel: &RelPath,
     modified: Option<SystemTime>,
 ) -> Result<blake3::Hash, PartError> {
-    let direct = ctx.write.direct_io;
+    let direct = ctx.write.direct.small;
     let (hash, bytes) = match object.size {
         0 => (blake3::hash(b""), None),
         _ => {
@@ -420,7 +420,7 @@ async fn fetch_all_parts(
             if let Some((index, range)) = to_fetch.next() {
                 let target = PartTarget {
                     sink: Sink::File(file.clone()),
-                    pad_tail: ctx.write.direct_io && range.end == object.size,
+                    pad_tail: ctx.write.direct.large && range.end == object.size,
                     range,
                     whole_object,
                     crc: expected.map(|e| e.algorithm),

@@ -42,7 +42,7 @@ use crate::source::s3::S3Source;
 use crate::source::url::S3Url;
 use crate::write::buffer::{BufferPool, WRITE_BUFFER_SIZE};
 use crate::write::commit::Committer;
-use crate::write::dest::Dest;
+use crate::write::dest::{Dest, DirectWrites};
 use crate::write::prune;
 use crate::write::Writers;
 
@@ -230,12 +230,17 @@ async fn prepare(
     refuse_another_dataset(cfg, &state_dir)?;
     let sink = report_sink(cfg)?;
     let writers = Writers::start(cfg.io_backend)?;
+    let direct = DirectWrites::resolve(cfg.direct_io, &dest);
     let manifest = state_dir
         .try_clone()
         .and_then(|dir| Manifest::open(dir, &journal::SourceInfo::from(cfg)))
         .local("opening the manifest in", &state_path)?;
     ready::remove(&state_dir).local("removing READY from", &state_path)?;
-    tracing::info!(backend = %writers.backend, "writing with {}", writers.backend);
+    tracing::info!(
+        backend = %writers.backend,
+        "writing with {}, {direct}",
+        writers.backend
+    );
     let dest = Arc::new(dest);
     let manifest = Arc::new(manifest);
     let checkpoints = Arc::new(Checkpoints::new(&dest).local("opening", &cfg.dest)?);
@@ -270,7 +275,7 @@ async fn prepare(
         },
         write: WriteCtx {
             dest,
-            direct_io: cfg.direct_io,
+            direct,
             writers,
             committer,
             manifest,

@@ -52,7 +52,7 @@ impl WholeGets {
         let response = match path {
             Path::Sdk => self.sdk.get(object, 0..size, true).await?,
             Path::Lean => {
-                (self.lean.get(&object).await).ok_or("the lean path handed the GET on")?
+                (self.lean.get(&object, None).await).ok_or("the lean path handed the GET on")?
             }
         };
         let mut body = response.body;

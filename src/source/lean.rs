@@ -1,9 +1,11 @@
-//! A lean path for whole-object GETs. Through the SDK a 64 KiB GET costs about three times the
-//! CPU of the request itself (`benches/requests.rs`: 219.9 against 80.0 µs), the orchestrator's
+//! A lean path for GETs. Through the SDK a 64 KiB GET costs about three times the CPU of the
+//! request itself (`benches/requests.rs`: 219.9 against 80.0 µs), the orchestrator's
 //! per-request set-up; small objects are nearly all request, so this path signs the same GET
-//! with `aws-sigv4`, as the SDK signs for S3, and sends it over a pooled `hyper` client.
+//! with `aws-sigv4`, as the SDK signs for S3, and sends it over a pooled `hyper` client. Ranged
+//! GETs (the parts of large objects) take it too: per byte the SDK's body adds its own layers.
 //!
-//! It is a fast path, not a second client. Only a 200 is taken from it; any other answer (after
+//! It is a fast path, not a second client. Only a 200 to a whole-object GET and a 206 to a
+//! ranged one are taken from it; any other answer (after
 //! it is recorded, so throttling still reaches the adaptive limit), a transport error or no
 //! answer within the SDK's first-byte timeout hands the request to the SDK path, which retries,
 //! classifies and reports as always. What the SDK does on a 200 is done here too: the body is
@@ -12,6 +14,7 @@
 //! HTTP or HTTPS, trusting what the SDK trusts (`source::tls`), and unversioned GETs; AWS keeps
 //! the SDK path. A certificate the lean path refuses, the SDK path refuses too, and reports.
 
+use std::ops::Range;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
@@ -85,13 +88,22 @@ impl LeanGets {
         })
     }
 
-    /// GETs the whole of `object`; `None` hands it to the SDK path (see the module note).
-    pub(crate) async fn get(&self, object: &ObjectRef<'_>) -> Option<GetResponse> {
+    /// GETs `range` of `object`, or the whole of it (with its full-object checksum checked);
+    /// `None` hands it to the SDK path (see the module note).
+    pub(crate) async fn get(
+        &self,
+        object: &ObjectRef<'_>,
+        range: Option<Range<u64>>,
+    ) -> Option<GetResponse> {
         if object.version_id.is_some() {
             return None;
         }
         let uri = self.uri(object)?;
-        let mut headers = vec![("x-amz-checksum-mode", "ENABLED")];
+        let range = range.map(|r| format!("bytes={}-{}", r.start, r.end - 1));
+        let mut headers = match &range {
+            Some(range) => vec![("range", range.as_str())],
+            None => vec![("x-amz-checksum-mode", "ENABLED")],
+        };
         if !object.etag.is_empty() {
             headers.push(("if-match", object.etag));
         }
@@ -121,27 +133,34 @@ impl LeanGets {
         let response = sent.await.ok()?.ok()?;
         self.responses
             .record("GetObject", response.status().as_u16());
-        if response.status() != hyper::StatusCode::OK {
+        let expected = match range {
+            Some(_) => hyper::StatusCode::PARTIAL_CONTENT,
+            None => hyper::StatusCode::OK,
+        };
+        if response.status() != expected {
             return None;
         }
         let header = |name: &str| response.headers().get(name)?.to_str().ok();
         let etag = header("etag");
-        let checksum = full_object(
-            header("x-amz-checksum-type")
-                .map(ChecksumType::from)
-                .as_ref(),
-            etag.unwrap_or_default(),
-            header("x-amz-checksum-crc64nvme"),
-            header("x-amz-checksum-crc32c"),
-            header("x-amz-checksum-crc32"),
-        );
+        let checksum = range.is_none().then(|| {
+            full_object(
+                header("x-amz-checksum-type")
+                    .map(ChecksumType::from)
+                    .as_ref(),
+                etag.unwrap_or_default(),
+                header("x-amz-checksum-crc64nvme"),
+                header("x-amz-checksum-crc32c"),
+                header("x-amz-checksum-crc32"),
+            )
+        });
         let content_length = header("content-length").and_then(|l| l.parse().ok());
+        let content_range = header("content-range").map(str::to_string);
         let etag = etag.map(str::to_string);
         Some(GetResponse {
             etag,
-            content_range: None,
+            content_range,
             content_length,
-            body: checked_body(response.into_body(), checksum),
+            body: checked_body(response.into_body(), checksum.flatten()),
         })
     }
 

@@ -22,7 +22,7 @@ pub(crate) struct S3Source {
     client: aws_sdk_s3::Client,
     /// Requests go unsigned (`--no-sign-request`): a refusal means the bucket is not public.
     anonymous: bool,
-    /// The fast path for whole-object GETs, where the settings allow one.
+    /// The fast path for GETs, where the settings allow one.
     pub(super) lean: Option<LeanGets>,
 }
 
@@ -36,7 +36,7 @@ impl S3Source {
         }
     }
 
-    /// The source `settings` describe, with the lean path for whole-object GETs where they
+    /// The source `settings` describe, with the lean path for GETs where they
     /// allow one; its answers are counted into `responses`.
     pub(crate) async fn for_settings(settings: &ClientSettings, responses: Arc<Responses>) -> Self {
         let (client, credentials) = build_with_credentials(settings, responses.clone()).await;
@@ -159,8 +159,9 @@ impl ObjectSource for S3Source {
         whole: bool,
     ) -> BoxFuture<'a, Result<GetResponse, SourceError>> {
         async move {
-            if let (true, Some(lean)) = (whole, &self.lean) {
-                if let Some(response) = lean.get(&object).await {
+            if let Some(lean) = &self.lean {
+                let ranged = (!whole).then(|| range.clone());
+                if let Some(response) = lean.get(&object, ranged).await {
                     return Ok(response);
                 }
             }

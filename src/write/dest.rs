@@ -5,9 +5,11 @@
 
 use std::fs::File;
 use std::io;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::buffer::DIRECT_IO_ALIGN;
+use crate::config::DirectIo;
 use crate::error::WriteError;
 use crate::fs::{self, Dir, FileStat, OFlags};
 use crate::plan::keys::{RelPath, STATE_DIR};
@@ -38,6 +40,45 @@ fn not_followed(path: &Path, err: io::Error) -> io::Error {
 
 fn resumable_size(on_disk: u64, size: u64, direct_io: bool) -> bool {
     on_disk == size || (direct_io && on_disk == size.next_multiple_of(DIRECT_IO_ALIGN as u64))
+}
+
+/// Which files a run writes with O_DIRECT: `--direct-io` resolved against DEST's filesystem.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct DirectWrites {
+    /// Files larger than a write buffer (written part by part).
+    pub large: bool,
+    /// Files that fit one write buffer.
+    pub small: bool,
+}
+
+impl DirectWrites {
+    pub(crate) fn resolve(choice: DirectIo, dest: &Dest) -> Self {
+        match choice {
+            DirectIo::Always => Self {
+                large: true,
+                small: true,
+            },
+            DirectIo::Never => Self {
+                large: false,
+                small: false,
+            },
+            DirectIo::Auto => Self {
+                large: dest.takes_direct_io(),
+                small: false,
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for DirectWrites {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match (self.large, self.small) {
+            (true, true) => "O_DIRECT for every file",
+            (true, false) => "O_DIRECT for files larger than a write buffer",
+            (false, true) => "O_DIRECT for files that fit a write buffer",
+            (false, false) => "through the page cache",
+        })
+    }
 }
 
 fn with_direct(flags: OFlags, direct_io: bool) -> OFlags {
@@ -216,6 +257,26 @@ impl Dest {
             .map_err(|err| in_the_way(err, STATE_DIR))
     }
 
+    /// Whether DEST's filesystem takes O_DIRECT writes: an unnamed file (`O_TMPFILE`, gone
+    /// when closed) is opened with it and written one aligned block.
+    fn takes_direct_io(&self) -> bool {
+        let probe = || -> io::Result<()> {
+            let flags = OFlags::WRONLY | OFlags::TMPFILE | OFlags::DIRECT;
+            let file = self.root.open_file(".", flags)?;
+            let block = vec![0u8; 2 * DIRECT_IO_ALIGN];
+            let start = block.as_ptr().align_offset(DIRECT_IO_ALIGN);
+            file.write_all_at(&block[start..start + DIRECT_IO_ALIGN], 0)
+        };
+        probe()
+            .inspect_err(|err| {
+                let path = self.path.display();
+                tracing::info!(
+                    "{path} does not take O_DIRECT writes ({err}): writing through the page cache"
+                );
+            })
+            .is_ok()
+    }
+
     /// The DEST directory itself.
     pub(crate) fn root(&self) -> &Dir {
         &self.root
@@ -338,6 +399,31 @@ mod tests {
             KeyPlan::File(p) => p,
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn direct_io_is_resolved_against_dest() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dest = Dest::open(tmp.path()).unwrap();
+        let resolved = |choice| DirectWrites::resolve(choice, &dest);
+        // ext4 and tmpfs (Linux ≥ 6.6) take O_DIRECT: the probe must say so.
+        let auto = DirectWrites {
+            large: true,
+            small: false,
+        };
+        assert_eq!(resolved(DirectIo::Auto), auto);
+        assert_eq!(
+            resolved(DirectIo::Always).to_string(),
+            "O_DIRECT for every file"
+        );
+        assert_eq!(
+            resolved(DirectIo::Never).to_string(),
+            "through the page cache"
+        );
+        assert!(
+            std::fs::read_dir(tmp.path()).unwrap().next().is_none(),
+            "the probe leaves nothing in DEST"
+        );
     }
 
     #[test]

@@ -446,22 +446,26 @@ fn check_writers_produce_identical_files(server: &Server, prefix: &str) {
         ("b.bin", content(61, 4097)),
     ]);
     server.seed(prefix, &expected);
-    for (backend, direct) in [
-        ("pwrite", false),
-        ("io-uring", false),
-        ("pwrite", true),
-        ("io-uring", true),
+    for (backend, direct, writes) in [
+        ("pwrite", "--direct-io=never", "through the page cache"),
+        ("io-uring", "--direct-io=never", "through the page cache"),
+        ("pwrite", "--direct-io", "O_DIRECT for every file"),
+        ("io-uring", "--direct-io=always", "O_DIRECT for every file"),
+        (
+            "pwrite",
+            "--direct-io=auto",
+            "O_DIRECT for files larger than a write buffer",
+        ),
     ] {
         let (_tmp, dest) = temp_dest();
-        let mut args = vec!["--io-backend", backend, "--part-size", "1MiB"];
-        if direct {
-            args.push("--direct-io");
-        }
+        let args = ["--io-backend", backend, "--part-size", "1MiB", direct];
         let run = server.sync(prefix, &dest, &args);
         run.assert_code(0);
         assert_mirror(&dest, &expected);
         let used = run.report()["io_backend"].as_str().unwrap().to_string();
         assert_eq!(used.replace('_', "-"), backend);
+        let stderr = run.stderr();
+        assert!(stderr.contains(writes), "{direct}: {stderr}");
     }
 }
 
