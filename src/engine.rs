@@ -11,14 +11,17 @@
 //! client, or an in-memory store with scripted faults in `tests.rs`); a run goes through three
 //! stages in `run.rs`: prepare, mirror, finish.
 //!
-//! Memory for data in flight is the buffer pool, `(2 × concurrency + 4) × 1 MiB`, whatever the
-//! part size, object sizes or number of objects.
+//! Memory for data in flight is the buffer pool, `(2 × concurrency + 4) × 1 MiB` (with `auto`,
+//! the machine's ceiling in `ceiling.rs`), whatever the part size, object sizes or number of
+//! objects.
 
 pub(crate) mod adaptive;
+mod ceiling;
 mod checkpoint;
 mod context;
 mod dry_run;
 mod limits;
+mod measure;
 mod object;
 mod part;
 mod peers;

@@ -7,6 +7,7 @@
 //! buffer → `write` hands buffers to writer threads (io_uring or pwrite) and publishes whole
 //! files atomically in durable batches → `report` says what happened.
 
+pub(crate) mod bound;
 pub mod cli;
 pub mod commands;
 pub mod config;
@@ -20,6 +21,7 @@ pub(crate) mod engine;
 pub mod error;
 pub(crate) mod fs;
 pub mod hash;
+pub(crate) mod host;
 pub(crate) mod lease;
 pub(crate) mod manifest;
 pub(crate) mod mount;

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use crate::bound::{Bound, By};
 use crate::fs;
 use crate::units::human_bytes;
 use crate::write::Backend;
@@ -104,6 +105,9 @@ pub(crate) struct Summary {
     /// Seconds parts spent waiting on `--max-bandwidth` or `--max-requests-per-second`, summed
     /// over parts: well above zero, a cap was the bottleneck.
     pub rate_limited_seconds: f64,
+    /// What bounded the run, with the figures it was judged from; `null` when nothing was
+    /// fetched (a dry run, a snapshot already there).
+    pub bound: Option<Bound>,
     pub io_backend_fallback_reason: Option<String>,
     pub duration_seconds: f64,
     pub throughput_bytes_per_second: f64,
@@ -161,12 +165,18 @@ impl Summary {
             line.push_str(extra);
         }
         line.push_str(&format!(
-            " in {:.1} s ({}/s, {})",
+            " in {:.1} s ({}/s, {}{})",
             self.duration_seconds,
             human_bytes(self.throughput_bytes_per_second as u64),
             match self.io_backend {
                 Some(backend) => format!("{backend} writes"),
                 None => "nothing written".to_string(),
+            },
+            match &self.bound {
+                Some(bound) if bound.by == By::None =>
+                    format!("; no bound reached: {}", bound.detail),
+                Some(bound) => format!("; bounded by {}: {}", bound.by, bound.detail),
+                None => String::new(),
             },
         ));
         line + &self.foreign_note()
@@ -254,6 +264,7 @@ mod tests {
             io_backend: Some(Backend::Pwrite),
             peak_requests_in_flight: 4,
             rate_limited_seconds: 0.0,
+            bound: None,
             io_backend_fallback_reason: None,
             duration_seconds: 1.0,
             throughput_bytes_per_second: 0.0,
@@ -292,7 +303,13 @@ mod tests {
     #[test]
     fn the_closing_line_counts_what_filters_left_out_resumed_bytes_deletions_and_foreign_files() {
         let plain = summary().one_line();
-        for absent in ["left out", "resumed", "deleted", "not in the source"] {
+        for absent in [
+            "left out",
+            "resumed",
+            "deleted",
+            "not in the source",
+            "bounded",
+        ] {
             assert!(!plain.contains(absent), "{plain}");
         }
         let mut busy = summary();
@@ -309,5 +326,34 @@ mod tests {
         ] {
             assert!(line.contains(present), "{present} in {line}");
         }
+    }
+
+    #[test]
+    fn the_closing_line_and_the_report_say_what_bounded_the_run() {
+        let mut bounded = summary();
+        bounded.bound = Some(Bound::judge(&crate::bound::Measured {
+            seconds: 2.0,
+            cpu_seconds: 3.9,
+            cores: 2.0,
+            ..Default::default()
+        }));
+        let line = bounded.one_line();
+        assert!(
+            line.ends_with("(0 B/s, pwrite writes; bounded by cpu: 1.95 of 2 cores busy)"),
+            "{line}"
+        );
+        let json = serde_json::to_value(&bounded).unwrap();
+        assert_eq!(json["bound"]["by"], "cpu");
+        assert_eq!(json["bound"]["cores_busy"], 1.95);
+        assert_eq!(
+            serde_json::to_value(summary()).unwrap()["bound"],
+            serde_json::Value::Null
+        );
+        bounded.bound = Some(Bound::judge(&Default::default()));
+        let line = bounded.one_line();
+        assert!(
+            line.contains("writes; no bound reached: 0.00 of 0 cores"),
+            "{line}"
+        );
     }
 }

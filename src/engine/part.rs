@@ -116,11 +116,14 @@ async fn fetch(
     object: &PinnedObject,
     target: &PartTarget,
 ) -> Result<(FetchedPart, Option<PooledBuf>), PartError> {
-    let _slot = ctx
-        .fetch
-        .request_slots
-        .acquire(target.range.end - target.range.start)
-        .await;
+    let stats = &ctx.fetch.stats;
+    let slots = &ctx.fetch.request_slots;
+    let asked = Instant::now();
+    let _slot = slots.acquire(target.range.end - target.range.start).await;
+    if slots.limit() >= slots.max() {
+        Stats::add_since(&stats.slot_wait_nanos, asked);
+    }
+    let held = Instant::now();
     let mut stream = PartStream::new(target);
     let mut attempt = 0;
     let result = loop {
@@ -146,7 +149,9 @@ async fn fetch(
             Err(err) => break Err(err),
         }
     };
-    stream.finish(ctx, target, result).await
+    let finished = stream.finish(ctx, target, result).await;
+    Stats::add_since(&stats.request_nanos, held);
+    finished
 }
 
 /// A part's progress: the bytes accepted so far, hashed and handed to writers (or, for a
@@ -196,7 +201,10 @@ impl PartStream {
         let expected = target.range.end - target.range.start;
         let rest = target.range.start + self.received..target.range.end;
         ctx.fetch.rates.request().await;
-        let mut body = get_range(&*ctx.fetch.source, object, rest).await?;
+        let asked = Instant::now();
+        let body = get_range(&*ctx.fetch.source, object, rest).await;
+        Stats::add_since(&ctx.fetch.stats.first_byte_nanos, asked);
+        let mut body = body?;
         // The rate of this response: time spent waiting for the network only (waiting for a
         // buffer, a slow disk, is not the server's slowness) and the bytes it brought.
         let (mut waited, mut brought) = (Duration::ZERO, 0u64);
@@ -246,12 +254,13 @@ impl PartStream {
             while !data.is_empty() {
                 let filling = match &mut self.buf {
                     Some(filling) => filling,
-                    None => self.buf.insert(
-                        ctx.fetch
-                            .pool
-                            .acquire_for(target.range.end - self.offset)
-                            .await,
-                    ),
+                    None => {
+                        let asked = Instant::now();
+                        let buf = ctx.fetch.pool.acquire_for(target.range.end - self.offset);
+                        let buf = buf.await;
+                        Stats::add_since(&ctx.fetch.stats.buffer_wait_nanos, asked);
+                        self.buf.insert(buf)
+                    }
                 };
                 data = &data[filling.fill_from(data)..];
                 if filling.is_full() {

@@ -11,18 +11,22 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
 use super::adaptive::{self, RequestSlots};
+use super::ceiling::Ceiling;
 use super::checkpoint::{self, Checkpoints};
 use super::context::{Ctx, FetchCtx, WriteCtx};
 use super::limits;
+use super::measure::Baseline;
 use super::object::mirror_object;
 use super::progress::Progress;
 use super::rate::Rates;
 use super::schedule::{Planned, Schedule};
 use super::stats::Stats;
+use crate::bound::Bound;
 use crate::config::{Concurrency, SyncConfig};
 use crate::console::{self, Level};
 use crate::error::{Exit, IoContext, LocalError, ObjectError, SyncError, UsageError};
 use crate::fs::Dir;
+use crate::host::Host;
 use crate::manifest::fold::Folded;
 use crate::manifest::journal::SourceInfo;
 use crate::manifest::listed::ListedKeys;
@@ -61,16 +65,25 @@ pub(crate) struct Budget {
     pub pool: BufferPool,
     /// Bandwidth and request-rate caps.
     pub rates: Arc<Rates>,
+    /// The cores and network the budget was sized for.
+    pub host: Arc<Host>,
 }
 
 impl Budget {
     /// The budget of `concurrency` requests in flight (and the buffers they need); with
-    /// `Auto`, the adaptive controller runs until the returned handle is aborted.
+    /// `Auto`, as many as this machine's [`Ceiling`], and the adaptive controller runs until
+    /// the returned handle is aborted.
     pub(crate) fn new(concurrency: Concurrency, rates: Rates) -> (Self, Option<JoinHandle<()>>) {
-        let in_flight = limits::in_flight(
-            concurrency.max(),
-            concurrency.max() * adaptive::OBJECTS_PER_SLOT,
-        );
+        let host = Arc::new(Host::read());
+        let max = match concurrency {
+            Concurrency::Auto => {
+                let ceiling = Ceiling::of(&host);
+                tracing::debug!(?host, "concurrency auto: at most {ceiling}");
+                ceiling.requests
+            }
+            Concurrency::Fixed(n) => n,
+        };
+        let in_flight = limits::in_flight(max, max * adaptive::OBJECTS_PER_SLOT);
         let slots = Arc::new(RequestSlots::new(
             concurrency.initial(),
             in_flight.requests,
@@ -78,9 +91,15 @@ impl Budget {
         ));
         let controller =
             (concurrency == Concurrency::Auto).then(|| adaptive::spawn_controller(slots.clone()));
-        let pool = BufferPool::new(buffer_count(concurrency), WRITE_BUFFER_SIZE);
+        let pool = BufferPool::new(buffer_count(max), WRITE_BUFFER_SIZE);
         let rates = Arc::new(rates);
-        (Self { slots, pool, rates }, controller)
+        let budget = Self {
+            slots,
+            pool,
+            rates,
+            host,
+        };
+        (budget, controller)
     }
 }
 
@@ -193,6 +212,8 @@ struct Prepared {
     controller: Option<JoinHandle<()>>,
     listing: Listing,
     schedule: Option<Arc<Schedule>>,
+    host: Arc<Host>,
+    baseline: Baseline,
 }
 
 enum Start {
@@ -283,6 +304,7 @@ async fn prepare(
             schedule: hooks.schedule.clone(),
         },
     });
+    let baseline = Baseline::take(&ctx);
     let listing = match (hooks.listing, &cfg.snapshot) {
         (Some(listing), _) => listing,
         (None, Some(snapshot)) => snapshot::spawn_entries(snapshot.clone()),
@@ -299,6 +321,8 @@ async fn prepare(
         controller,
         listing,
         schedule: hooks.schedule,
+        host: budget.host,
+        baseline,
     }))
 }
 
@@ -463,10 +487,12 @@ async fn in_listing_order(
     stop: &mut Option<watch::Receiver<bool>>,
 ) -> Option<SyncError> {
     loop {
+        let asked = Instant::now();
         let item = tokio::select! {
             item = listing.recv() => item,
             () = stopped(stop) => return Some(SyncError::Stopped),
         };
+        Stats::add_since(&tally.stats.listing_wait_nanos, asked);
         let entry = match item {
             Some(Ok(entry)) => entry,
             Some(Err(err)) => return Some(err),
@@ -623,6 +649,7 @@ async fn finish(cfg: &SyncConfig, run: Prepared, mirrored: Mirrored, started: In
             fallback_reason: writers.fallback_reason.clone(),
             peak_requests: ctx.fetch.request_slots.peak(),
             rate_limited_seconds: ctx.fetch.rates.waited_seconds(),
+            bound: run.baseline.bound(ctx, &run.host),
         }),
         failures,
         started,
@@ -767,9 +794,10 @@ pub(super) async fn stopped(stop: &mut Option<watch::Receiver<bool>>) {
     }
 }
 
-/// Pooled write buffers for `concurrency`: memory for data in flight is this × `WRITE_BUFFER_SIZE`.
-fn buffer_count(concurrency: Concurrency) -> usize {
-    concurrency.max() * BUFFERS_PER_REQUEST + SPARE_BUFFERS
+/// Pooled write buffers for at most `requests` in flight: memory for data in flight is this ×
+/// `WRITE_BUFFER_SIZE`.
+fn buffer_count(requests: usize) -> usize {
+    requests * BUFFERS_PER_REQUEST + SPARE_BUFFERS
 }
 
 /// Writes READY over every object this run listed and holds (as the fold counted them).
@@ -833,6 +861,7 @@ pub(super) struct RunFacts {
     fallback_reason: Option<String>,
     peak_requests: usize,
     rate_limited_seconds: f64,
+    bound: Bound,
 }
 
 /// The run's summary, from its counters: the one place a summary is built.
@@ -881,6 +910,7 @@ pub(super) fn summarize(
         io_backend: facts.as_ref().map(|f| f.backend),
         peak_requests_in_flight: facts.as_ref().map_or(0, |f| f.peak_requests),
         rate_limited_seconds: facts.as_ref().map_or(0.0, |f| f.rate_limited_seconds),
+        bound: facts.as_ref().map(|f| f.bound.clone()),
         io_backend_fallback_reason: facts.and_then(|f| f.fallback_reason),
         duration_seconds: elapsed,
         throughput_bytes_per_second: downloaded as f64 / elapsed.max(1e-9),

@@ -1,6 +1,7 @@
 //! Counters shared by the engine, the progress display and the report.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::time::Instant;
 
 #[derive(Default, Debug)]
 pub(crate) struct Stats {
@@ -32,6 +33,17 @@ pub(crate) struct Stats {
     pub bytes_from_peers: AtomicU64,
     /// Objects the peers did not deliver as sealed, fetched from the store instead.
     pub peer_fallbacks: AtomicU64,
+    /// Nanoseconds GETs held their request slots, summed over parts (for `bound`, as the four
+    /// below).
+    pub request_nanos: AtomicU64,
+    /// Of those, before each response's first byte.
+    pub first_byte_nanos: AtomicU64,
+    /// Of those, waiting for a write buffer.
+    pub buffer_wait_nanos: AtomicU64,
+    /// Parts' waits for a request slot that ended with the limit at its ceiling.
+    pub slot_wait_nanos: AtomicU64,
+    /// The run's waits for the listing's next object.
+    pub listing_wait_nanos: AtomicU64,
 }
 
 impl Stats {
@@ -41,6 +53,16 @@ impl Stats {
 
     pub(crate) fn get(counter: &AtomicU64) -> u64 {
         counter.load(Relaxed)
+    }
+
+    /// Adds the time since `since` to a counter of nanoseconds.
+    pub(crate) fn add_since(counter: &AtomicU64, since: Instant) {
+        Self::add(counter, since.elapsed().as_nanos() as u64);
+    }
+
+    /// A counter of nanoseconds, in seconds.
+    pub(crate) fn seconds(counter: &AtomicU64) -> f64 {
+        Self::get(counter) as f64 / 1e9
     }
 
     /// Whether the totals are final (the listing has ended).

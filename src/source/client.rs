@@ -92,8 +92,18 @@ impl Responses {
         by_operation.collect()
     }
 
+    /// Answers so far, and how many of them were throttling (429, 503).
+    pub(crate) fn totals(&self) -> (u64, u64) {
+        let counts = self.counts.lock().expect("responses lock");
+        counts
+            .iter()
+            .fold((0, 0), |(all, throttled), (_, status, n)| {
+                (all + n, throttled + n * u64::from(throttling(*status)))
+            })
+    }
+
     pub(crate) fn record(&self, operation: &str, status: u16) {
-        if matches!(status, 429 | 503) {
+        if throttling(status) {
             self.throttled.fetch_add(1, Relaxed);
         }
         let mut counts = self.counts.lock().expect("responses lock");
@@ -105,6 +115,10 @@ impl Responses {
             None => counts.push((operation.to_string(), status, 1)),
         }
     }
+}
+
+fn throttling(status: u16) -> bool {
+    matches!(status, 429 | 503)
 }
 
 #[derive(Debug)]

@@ -341,6 +341,67 @@ fn slowdown_storm_is_ridden_out() {
 }
 
 #[test]
+fn the_report_and_the_closing_line_say_what_bounded_the_run() {
+    let server = Server::local();
+    let expected = files(&[
+        ("big.bin", content(33, 6 * MIB + 7)),
+        ("small.bin", content(34, 3000)),
+    ]);
+    server.seed("bound/", &expected);
+    let sync = |args: &[&str]| {
+        let (tmp, dest) = temp_dest();
+        let run = server.sync("bound/", &dest, args);
+        run.assert_code(0);
+        assert_mirror(&dest, &expected);
+        let bound = run.report()["bound"].clone();
+        let stdout = String::from_utf8_lossy(&run.output.stdout).into_owned();
+        let detail = bound["detail"].as_str().unwrap().to_string();
+        assert!(
+            stdout.trim_end().ends_with(&format!(": {detail})")),
+            "the closing line names the bound and its figure: {stdout}"
+        );
+        drop(tmp);
+        bound
+    };
+
+    let bound = sync(&["--part-size", "1MiB", "--concurrency", "4"]);
+    assert_ne!(bound["by"], "server", "{bound}");
+    assert_eq!(bound["throttled_answers"], 0, "{bound}");
+    // One GET a part (7 + 1), the listing and a HEAD or so: answers are counted.
+    assert!(bound["answers"].as_u64().unwrap() >= 8, "{bound}");
+    assert_eq!(bound["request_ceiling"], 4, "a fixed limit is the ceiling");
+    assert!(bound["cores"].as_f64().unwrap() >= 1.0, "{bound}");
+    assert!(bound["cores_busy"].as_f64().unwrap() > 0.0, "{bound}");
+    assert!(
+        bound["received_mbit_per_second"].as_f64().unwrap() > 0.0,
+        "{bound}"
+    );
+    let auto = sync(&["--part-size", "1MiB"])["request_ceiling"]
+        .as_u64()
+        .unwrap();
+    assert!((4..=64).contains(&auto), "auto's ceiling: {auto}");
+
+    server
+        .faults
+        .add(Rule::get("", Fault::Status(503, "SlowDown")).times(30));
+    let bound = sync(&["--part-size", "1MiB", "--concurrency", "4"]);
+    assert_eq!(bound["by"], "server", "{bound}");
+    let throttled = bound["throttled_answers"].as_u64().unwrap();
+    assert_eq!(
+        throttled as usize,
+        server.faults.served(),
+        "every 503 counted"
+    );
+    assert!(
+        bound["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{throttled} of ")),
+        "{bound}"
+    );
+}
+
+#[test]
 fn internal_errors_are_retried() {
     survives(vec![
         Rule::get("big.bin", Fault::Status(500, "InternalError")).times(8),
@@ -673,6 +734,7 @@ fn bandwidth_and_request_rate_caps_hold_the_pace_they_name() {
     assert!(seconds >= 3.4, "{seconds} s: faster than 64 MiB/s");
     let waited = run.report()["rate_limited_seconds"].as_f64().unwrap();
     assert!(waited > 0.0, "the report says the cap held the run back");
+    assert_eq!(run.report()["bound"]["by"], "rate_cap", "{}", run.report());
 
     let small: BTreeMap<String, Vec<u8>> = (0..40)
         .map(|i| (format!("f{i:02}"), content(i, 1000)))
