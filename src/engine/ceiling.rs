@@ -5,8 +5,8 @@
 //! connection to S3 (4 Gbit/s per server address over 10 connections: 0.4 Gbit/s, 50 MB/s),
 //! and follow the CRT's rule: streams = target throughput / throughput per stream.
 //! - CPU: a core processes [`CLIENT_BYTES_PER_CORE_SECOND`] (hydrator's client cost against a
-//!   near-free origin, 0.83 CPU-s per GiB received, hashed and written; docs/benchmarks.md), so
-//!   one core keeps about 26 streams busy: a 1-core pod stops at 26, 2 cores at 52.
+//!   near-free origin, 0.68 CPU-s per GiB received, hashed and written; docs/benchmarks.md), so
+//!   one core keeps about 32 streams busy: a 1-core pod stops at 32, 1.5 cores at 48.
 //! - Network: a 10 Gbit/s NIC fills with 25 streams, 25 Gbit/s with 63; 100 Gbit/s needs 250,
 //!   past [`AUTO_MAX_CONCURRENCY`]. An unknown speed does not bound.
 //!
@@ -19,8 +19,8 @@ use crate::host::Host;
 
 /// Bytes a second one connection to S3 delivers (the AWS CRT's sizing figure).
 const STREAM_BYTES_PER_SECOND: f64 = 50e6;
-/// Bytes a second one core receives, hashes and writes: 1 GiB per 0.83 CPU-s.
-const CLIENT_BYTES_PER_CORE_SECOND: f64 = (1u64 << 30) as f64 / 0.83;
+/// Bytes a second one core receives, hashes and writes: 1 GiB per 0.68 CPU-s.
+const CLIENT_BYTES_PER_CORE_SECOND: f64 = (1u64 << 30) as f64 / 0.68;
 
 /// The most GETs `auto` may have in flight, and the bounds it is the smaller of.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -71,10 +71,10 @@ mod tests {
     }
 
     #[test]
-    fn cores_bound_streams_at_about_26_each() {
-        assert_eq!(ceiling(1.0, None).requests, 26);
-        assert_eq!(ceiling(1.5, None).requests, 39);
-        assert_eq!(ceiling(2.0, None).requests, 52);
+    fn cores_bound_streams_at_about_32_each() {
+        assert_eq!(ceiling(1.0, None).requests, 32);
+        assert_eq!(ceiling(1.5, None).requests, 48);
+        assert_eq!(ceiling(2.0, None).requests, 64);
         assert_eq!(ceiling(16.0, None).requests, AUTO_MAX_CONCURRENCY);
         assert_eq!(
             ceiling(0.1, None).requests,
@@ -89,17 +89,17 @@ mod tests {
             ceiling(16.0, Some(10_000)),
             Ceiling {
                 requests: 25,
-                by_cpu: 414,
+                by_cpu: 506,
                 by_nic: Some(25)
             }
         );
         assert_eq!(ceiling(16.0, Some(25_000)).requests, 63);
         assert_eq!(ceiling(16.0, Some(100_000)).requests, AUTO_MAX_CONCURRENCY);
-        assert_eq!(ceiling(1.0, Some(100_000)).requests, 26, "the cores first");
+        assert_eq!(ceiling(1.0, Some(100_000)).requests, 32, "the cores first");
         assert_eq!(ceiling(8.0, Some(1_000)).requests, AUTO_INITIAL_CONCURRENCY);
         assert_eq!(
             ceiling(2.0, Some(10_000)).to_string(),
-            "25 requests (cores: 52, NIC: 25)"
+            "25 requests (cores: 64, NIC: 25)"
         );
     }
 }
