@@ -13,7 +13,9 @@
 //! - `concurrency_limit`: GETs were ready but waited for a request slot while the limit was at
 //!   its ceiling, one or more of them at any time on average;
 //! - `server` again: half or more of the GETs' time went by before their first byte (latency,
-//!   not bandwidth, is what each request costs);
+//!   not bandwidth, is what each request costs), or `auto` raised its limit and undid the raise
+//!   because throughput did not grow with it (what is past the client bounds: the server, or
+//!   the path to it);
 //! - `listing`: the run waited half its time or more for listed objects;
 //! - `none`: nothing above: a short run, or fixed costs (durable commits, the manifest).
 //!
@@ -53,6 +55,10 @@ pub(crate) struct Measured {
     /// GETs' waits for a request slot while the limit was at its ceiling, summed.
     pub slot_wait_seconds: f64,
     pub ceiling: usize,
+    /// Raises of `auto`'s limit undone because throughput did not grow with them, and the most
+    /// GETs that were in flight at once.
+    pub undone_raises: u64,
+    pub peak_in_flight: usize,
     /// Seconds the run waited for the listing's next object.
     pub listing_wait_seconds: f64,
 }
@@ -106,6 +112,10 @@ pub(crate) struct Bound {
     /// GETs waiting for a slot at the ceiling, on average over the run.
     pub slot_waiters: f64,
     pub request_ceiling: usize,
+    pub undone_raises: u64,
+    /// In the report already (`peak_requests_in_flight`).
+    #[serde(skip)]
+    pub peak_in_flight: usize,
     pub listing_wait_share: f64,
 }
 
@@ -130,6 +140,8 @@ impl Bound {
             rate_limited_share: share(m.rate_limited_seconds),
             slot_waiters: m.slot_wait_seconds / seconds,
             request_ceiling: m.ceiling,
+            undone_raises: m.undone_raises,
+            peak_in_flight: m.peak_in_flight,
             listing_wait_share: (m.listing_wait_seconds / seconds).min(1.0),
         };
         (bound.by, bound.detail) = bound.verdict();
@@ -186,6 +198,14 @@ impl Bound {
         if self.first_byte_share >= FIRST_BYTE_SHARE {
             return (By::Server, first_byte);
         }
+        if self.undone_raises > 0 {
+            let (n, peak) = (self.undone_raises, self.peak_in_flight);
+            let raises = if n == 1 { "raise" } else { "raises" };
+            return (
+                By::Server,
+                format!("the server or the path to it: more GETs in flight did not raise throughput ({n} {raises} undone, at most {peak} at once)"),
+            );
+        }
         if self.listing_wait_share >= LISTING_SHARE {
             let share = pct(self.listing_wait_share);
             return (
@@ -223,6 +243,8 @@ mod tests {
             rate_limited_seconds: 0.0,
             slot_wait_seconds: 2.0,
             ceiling: 52,
+            undone_raises: 0,
+            peak_in_flight: 6,
             listing_wait_seconds: 1.0,
         }
     }
@@ -249,7 +271,7 @@ mod tests {
 
     #[test]
     fn each_saturated_resource_names_itself_with_its_figure() {
-        let cases: [(Change, By, &str); 9] = [
+        let cases: [(Change, By, &str); 10] = [
             (|m| m.throttled = 10, By::Server, "10 of 1000 answers throttling (429/503)"),
             (|m| m.rate_limited_seconds = 10.0, By::RateCap, "GETs spent 25 % of their time held back by --max-bandwidth/--max-requests-per-second"),
             (|m| m.received_bytes = 10_000_000_000, By::Network, "8000 of 10000 Mbit/s received"),
@@ -258,6 +280,7 @@ mod tests {
             (|m| m.buffer_wait_seconds = 12.0, By::Disk, "GETs spent 30 % of their time waiting for write buffers"),
             (|m| m.slot_wait_seconds = 31.0, By::ConcurrencyLimit, "3.1 GETs waiting for a slot on average at the ceiling of 52"),
             (|m| m.first_byte_seconds = 30.0, By::Server, "75 % of request time before the first byte"),
+            (|m| m.undone_raises = 2, By::Server, "the server or the path to it: more GETs in flight did not raise throughput (2 raises undone, at most 6 at once)"),
             (|m| m.listing_wait_seconds = 6.0, By::Listing, "waited 60 % of the run for listed objects"),
         ];
         for (change, by, detail) in cases {

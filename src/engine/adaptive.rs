@@ -182,6 +182,8 @@ pub(crate) struct RequestSlots {
     waited: AtomicU64,
     /// Bytes received by every request using these slots: what the controller climbs on.
     received: AtomicU64,
+    /// Raises undone because they did not pay off: what is past the client bounds the run.
+    undone_raises: AtomicU64,
     /// The answers of every client using these slots (throttling cuts the limit).
     pub responses: Arc<Responses>,
 }
@@ -198,6 +200,7 @@ impl RequestSlots {
             peak: AtomicUsize::new(initial),
             waited: AtomicU64::new(0),
             received: AtomicU64::new(0),
+            undone_raises: AtomicU64::new(0),
             responses: Arc::default(),
         }
     }
@@ -225,6 +228,11 @@ impl RequestSlots {
     }
 
     /// The highest limit this run reached.
+    /// Raises of the limit undone so far because throughput did not grow with them.
+    pub(crate) fn undone_raises(&self) -> u64 {
+        self.undone_raises.load(Relaxed)
+    }
+
     pub(crate) fn peak(&self) -> usize {
         self.peak.load(Relaxed)
     }
@@ -302,6 +310,7 @@ fn step(slots: &RequestSlots, phase: Phase, rate: f64, waited: bool, throttled: 
         } if rate < base_rate * GAIN => {
             tracing::debug!("{limit} requests in flight did not pay off: back to {from}");
             slots.set_limit(from);
+            slots.undone_raises.fetch_add(1, Relaxed);
             Phase::Holding(HOLD)
         }
         Phase::Probing { .. } | Phase::Ready if waited && limit < slots.max => {
@@ -336,11 +345,12 @@ mod tests {
         assert_eq!(slots.limit(), 6);
         let phase = step(&slots, phase, 200.0, true, false);
         assert_eq!(slots.limit(), 9, "a faster window raises again");
+        assert_eq!(slots.undone_raises(), 0);
         let phase = step(&slots, phase, 200.0, true, false);
         let phase = step(&slots, phase, 201.0, true, false);
         assert_eq!(slots.limit(), 6, "no gain: back to the previous limit");
         assert!(matches!(phase, Phase::Holding(HOLD)));
-        assert_eq!(slots.peak(), 9);
+        assert_eq!((slots.peak(), slots.undone_raises()), (9, 1));
     }
 
     #[test]

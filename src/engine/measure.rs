@@ -16,6 +16,7 @@ pub(super) struct Baseline {
     answers: u64,
     throttled: u64,
     rate_limited_seconds: f64,
+    undone_raises: u64,
 }
 
 impl Baseline {
@@ -27,6 +28,7 @@ impl Baseline {
             answers,
             throttled,
             rate_limited_seconds: ctx.fetch.rates.waited_seconds(),
+            undone_raises: ctx.fetch.request_slots.undone_raises(),
         }
     }
 
@@ -49,6 +51,8 @@ impl Baseline {
             rate_limited_seconds: fetch.rates.waited_seconds() - self.rate_limited_seconds,
             slot_wait_seconds: Stats::seconds(&stats.slot_wait_nanos),
             ceiling: fetch.request_slots.max(),
+            undone_raises: fetch.request_slots.undone_raises() - self.undone_raises,
+            peak_in_flight: fetch.request_slots.peak(),
             listing_wait_seconds: Stats::seconds(&stats.listing_wait_nanos),
         })
     }

@@ -193,8 +193,8 @@ pub(super) async fn run_with(
 ) -> Result<Outcome, SyncError> {
     let started = Instant::now();
     let mut run = match prepare(&cfg, hooks, &mut stop, started).await? {
-        Start::AlreadyThere(outcome) => return Ok(outcome),
-        Start::Run(run) => run,
+        Start::AlreadyThere(outcome) => return Ok(*outcome),
+        Start::Run(run) => *run,
     };
     let mirrored = mirror(&cfg, &mut run, &mut stop).await;
     Ok(finish(&cfg, run, mirrored, started).await)
@@ -218,8 +218,8 @@ struct Prepared {
 
 enum Start {
     /// `--snapshot` and DEST's READY already names it: nothing to do.
-    AlreadyThere(Outcome),
-    Run(Prepared),
+    AlreadyThere(Box<Outcome>),
+    Run(Box<Prepared>),
 }
 
 async fn prepare(
@@ -246,7 +246,7 @@ async fn prepare(
         () = stopped(stop) => return Err(SyncError::Stopped),
     };
     if let Some(outcome) = snapshot_already_there(cfg, &state_dir, started) {
-        return Ok(Start::AlreadyThere(outcome));
+        return Ok(Start::AlreadyThere(Box::new(outcome)));
     }
     refuse_another_dataset(cfg, &state_dir)?;
     let sink = report_sink(cfg)?;
@@ -310,7 +310,7 @@ async fn prepare(
         (None, Some(snapshot)) => snapshot::spawn_entries(snapshot.clone()),
         (None, None) => list::spawn(ctx.fetch.source.clone(), cfg.source.clone()),
     };
-    Ok(Start::Run(Prepared {
+    Ok(Start::Run(Box::new(Prepared {
         ctx,
         filter,
         state_dir,
@@ -323,7 +323,7 @@ async fn prepare(
         schedule: hooks.schedule,
         host: budget.host,
         baseline,
-    }))
+    })))
 }
 
 /// What mirroring left behind.
