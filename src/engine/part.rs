@@ -6,15 +6,16 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use tokio::io::AsyncReadExt;
 use tokio::sync::oneshot;
 
 use super::context::Ctx;
 use super::retry::PART_RETRY;
 use super::stats::Stats;
-use crate::error::{BodyError, PartError, WriteError};
+use crate::error::{BodyError, BoxError, PartError, WriteError};
 use crate::hash::{PartDigest, PartHasher};
 use crate::source::checksum::Algorithm;
+use crate::source::client::STALL_GRACE;
 use crate::source::errors::describe_chain;
 use crate::source::fetch::{get_range, PinnedObject};
 use crate::write::buffer::PooledBuf;
@@ -166,8 +167,9 @@ struct PartStream {
     received: u64,
     /// File offset of the buffer being filled.
     offset: u64,
-    /// Taken from the pool only when bytes arrive, and handed on as soon as it is full: a part
-    /// never holds a full buffer while waiting for an empty one (that could starve the pool).
+    /// Taken from the pool once the response's head has come (the body is read straight into
+    /// it), and handed on as soon as it is full: a part never holds a full buffer while waiting
+    /// for an empty one (that could starve the pool).
     buf: Option<PooledBuf>,
 }
 
@@ -208,13 +210,38 @@ impl PartStream {
         // The rate of this response: time spent waiting for the network only (waiting for a
         // buffer, a slow disk, is not the server's slowness) and the bytes it brought.
         let (mut waited, mut brought) = (Duration::ZERO, 0u64);
+        let broke = |received, cause: BoxError| BodyError::Broke {
+            key: object.key.clone(),
+            received,
+            expected,
+            detail: describe_chain(&*cause),
+            cause,
+        };
         loop {
-            let asked = Instant::now();
-            let next = body.next().await;
-            waited += asked.elapsed();
-            let chunk = match next {
-                None if self.received == expected => return Ok(()),
+            if self.received == expected {
+                // The end must come now: a byte more is a body longer than asked for.
+                let mut probe = [0u8; 1];
+                return match within_grace(body.read(&mut probe)).await {
+                    Ok(0) => Ok(()),
+                    Ok(_) => Err(BodyError::Long { expected }.into()),
+                    Err(cause) => Err(broke(self.received, cause).into()),
+                };
+            }
+            let filling = match &mut self.buf {
+                Some(filling) => filling,
                 None => {
+                    let asked = Instant::now();
+                    let buf = ctx.fetch.pool.acquire_for(target.range.end - self.offset);
+                    let buf = buf.await;
+                    Stats::add_since(&ctx.fetch.stats.buffer_wait_nanos, asked);
+                    self.buf.insert(buf)
+                }
+            };
+            let asked = Instant::now();
+            let read = within_grace(filling.read_from(&mut body)).await;
+            waited += asked.elapsed();
+            let n = match read {
+                Ok(0) => {
                     return Err(BodyError::Short {
                         key: object.key.clone(),
                         received: self.received,
@@ -222,26 +249,17 @@ impl PartStream {
                     }
                     .into())
                 }
-                Some(Ok(chunk)) => chunk,
-                Some(Err(cause)) => {
-                    return Err(BodyError::Broke {
-                        key: object.key.clone(),
-                        received: self.received,
-                        expected,
-                        detail: describe_chain(&*cause),
-                        cause,
-                    }
-                    .into())
-                }
+                Ok(n) => n as u64,
+                Err(cause) => return Err(broke(self.received, cause).into()),
             };
-            Stats::add(&ctx.fetch.stats.bytes_received, chunk.len() as u64);
-            ctx.fetch.request_slots.record_received(chunk.len() as u64);
-            ctx.fetch.rates.bytes(chunk.len() as u64).await;
-            if self.received + chunk.len() as u64 > expected {
+            Stats::add(&ctx.fetch.stats.bytes_received, n);
+            ctx.fetch.request_slots.record_received(n);
+            ctx.fetch.rates.bytes(n).await;
+            if self.received + n > expected {
                 return Err(BodyError::Long { expected }.into());
             }
-            self.received += chunk.len() as u64;
-            brought += chunk.len() as u64;
+            self.received += n;
+            brought += n;
             if waited > SLOW_BODY_GRACE && brought < MIN_BODY_RATE * waited.as_secs() {
                 return Err(BodyError::TooSlow {
                     key: object.key.clone(),
@@ -250,23 +268,9 @@ impl PartStream {
                 }
                 .into());
             }
-            let mut data = &chunk[..];
-            while !data.is_empty() {
-                let filling = match &mut self.buf {
-                    Some(filling) => filling,
-                    None => {
-                        let asked = Instant::now();
-                        let buf = ctx.fetch.pool.acquire_for(target.range.end - self.offset);
-                        let buf = buf.await;
-                        Stats::add_since(&ctx.fetch.stats.buffer_wait_nanos, asked);
-                        self.buf.insert(buf)
-                    }
-                };
-                data = &data[filling.fill_from(data)..];
-                if filling.is_full() {
-                    let full = self.buf.take().expect("just filled");
-                    self.submit(ctx, full, false);
-                }
+            if filling.is_full() {
+                let full = self.buf.take().expect("just filled");
+                self.submit(ctx, full, false);
             }
         }
     }
@@ -324,5 +328,15 @@ impl PartStream {
             write_error.get_or_insert(failed);
         }
         write_error.map_or(Ok(()), Err)
+    }
+}
+
+/// A read of a body, failed as stalled when no bytes come for the stall grace.
+async fn within_grace(
+    read: impl std::future::Future<Output = std::io::Result<usize>>,
+) -> Result<usize, BoxError> {
+    match tokio::time::timeout(STALL_GRACE, read).await {
+        Ok(read) => Ok(read?),
+        Err(_) => Err(format!("no bytes for {STALL_GRACE:?}: the body stalled").into()),
     }
 }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use futures::StreamExt;
+use tokio::io::AsyncReadExt;
 
 use super::client::ClientSettings;
 use super::lean::LeanGets;
@@ -56,10 +56,8 @@ impl WholeGets {
             }
         };
         let mut body = response.body;
-        let mut received = 0;
-        while let Some(chunk) = body.next().await {
-            received += chunk?.len() as u64;
-        }
-        Ok(received)
+        let mut received = Vec::with_capacity(size as usize);
+        body.read_to_end(&mut received).await?;
+        Ok(received.len() as u64)
     }
 }

@@ -1,18 +1,25 @@
 //! A lean path for GETs. Through the SDK a 64 KiB GET costs about three times the CPU of the
 //! request itself (`benches/requests.rs`: 219.9 against 80.0 µs), the orchestrator's
 //! per-request set-up; small objects are nearly all request, so this path signs the same GET
-//! with `aws-sigv4`, as the SDK signs for S3, and sends it over a pooled `hyper` client. Ranged
-//! GETs (the parts of large objects) take it too: per byte the SDK's body adds its own layers.
+//! with `aws-sigv4`, as the SDK signs for S3, and sends it on connections of its own, its body
+//! read straight into the engine's buffers (`exchange`). Ranged GETs (the parts of large
+//! objects) take it too: per byte the SDK's body adds its own layers, and hyper's a copy.
 //!
 //! It is a fast path, not a second client. Only a 200 to a whole-object GET and a 206 to a
-//! ranged one are taken from it; any other answer (after
-//! it is recorded, so throttling still reaches the adaptive limit), a transport error or no
-//! answer within the SDK's first-byte timeout hands the request to the SDK path, which retries,
+//! ranged one, framed by a `Content-Length`, are taken from it; any other answer (after it is
+//! recorded, so throttling still reaches the adaptive limit), a transport error or no answer
+//! within the SDK's first-byte timeout hands the request to the SDK path, which retries,
 //! classifies and reports as always. What the SDK does on a 200 is done here too: the body is
-//! CRC'd against the full-object checksum header, and a body with no bytes for the stall grace
-//! fails as a stalled one. Used with a custom endpoint (in-cluster MinIO, Garage, Ceph RGW) over
-//! HTTP or HTTPS, trusting what the SDK trusts (`source::tls`), and unversioned GETs; AWS keeps
-//! the SDK path. A certificate the lean path refuses, the SDK path refuses too, and reports.
+//! CRC'd against the full-object checksum header (and the engine fails a body with no bytes for
+//! the stall grace as a stalled one, whichever path it came by). Used with a custom endpoint
+//! (in-cluster MinIO, Garage, Ceph RGW) over HTTP or HTTPS, trusting what the SDK trusts
+//! (`source::tls`), and unversioned GETs; AWS keeps the SDK path. A certificate the lean path
+//! refuses, the SDK path refuses too, and reports.
+
+mod connections;
+mod exchange;
+#[cfg(test)]
+mod wire_tests;
 
 use std::ops::Range;
 use std::sync::{Arc, RwLock};
@@ -26,17 +33,13 @@ use aws_sigv4::http_request::{
 };
 use aws_sigv4::sign::v4;
 use aws_smithy_runtime_api::client::identity::Identity;
-use bytes::Bytes;
-use futures::stream;
-use http_body_util::{BodyExt, Empty};
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
-use super::checksum::{full_object, FullObjectChecksum};
-use super::client::{ClientSettings, Responses, CONNECT_TIMEOUT, FIRST_BYTE_TIMEOUT, STALL_GRACE};
-use super::object_source::{Body, GetResponse, ObjectRef};
+use self::connections::{Connections, Origin, Stream};
+use self::exchange::{request_head, round_trip, DirectBody, ResponseHead};
+use super::checksum::full_object;
+use super::client::{ClientSettings, Responses, FIRST_BYTE_TIMEOUT};
+use super::object_source::{GetResponse, ObjectRef};
 
 /// What S3 leaves unescaped in a key's path: RFC 3986's unreserved characters and `/`.
 const KEY_ESCAPES: &AsciiSet = &NON_ALPHANUMERIC
@@ -49,7 +52,7 @@ const KEY_ESCAPES: &AsciiSet = &NON_ALPHANUMERIC
 const REFRESH_BEFORE_EXPIRY: Duration = Duration::from_secs(300);
 
 pub(crate) struct LeanGets {
-    client: Client<HttpsConnector<HttpConnector>, Empty<Bytes>>,
+    connections: Arc<Connections>,
     /// `http(s)://host:port`, without a trailing slash.
     endpoint: String,
     path_style: bool,
@@ -79,7 +82,7 @@ impl LeanGets {
             false => Some(CachedCredentials::new(credentials?)),
         };
         Some(Self {
-            client: pooled_client(settings),
+            connections: connections_for(settings),
             endpoint: endpoint.to_string(),
             path_style: settings.path_style,
             region: sdk.config().region()?.to_string(),
@@ -99,6 +102,66 @@ impl LeanGets {
             return None;
         }
         let uri = self.uri(object)?;
+        let parsed: hyper::Uri = uri.parse().ok()?;
+        let origin = Origin::of(&parsed)?;
+        let request = self
+            .signed_head(object, &uri, &parsed, &origin, range.as_ref())
+            .await?;
+        let answered = tokio::time::timeout(FIRST_BYTE_TIMEOUT, self.ask(&origin, &request));
+        let (stream, head, read, head_length) = match answered.await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(err)) => {
+                tracing::debug!(key = object.key, "lean GET handed to the SDK: {err}");
+                return None;
+            }
+            Err(_) => return None,
+        };
+        self.responses.record("GetObject", head.status);
+        let expected = match range {
+            Some(_) => 206,
+            None => 200,
+        };
+        if head.status != expected || head.body_length.is_none() {
+            return None;
+        }
+        let etag = head.header("etag");
+        let checksum = range.is_none().then(|| {
+            full_object(
+                head.header("x-amz-checksum-type")
+                    .map(ChecksumType::from)
+                    .as_ref(),
+                etag.unwrap_or_default(),
+                head.header("x-amz-checksum-crc64nvme"),
+                head.header("x-amz-checksum-crc32c"),
+                head.header("x-amz-checksum-crc32"),
+            )
+        });
+        let response = GetResponse {
+            etag: etag.map(str::to_string),
+            content_range: head.header("content-range").map(str::to_string),
+            content_length: head.body_length.map(|length| length as i64),
+            body: Box::pin(DirectBody::new(
+                stream,
+                origin,
+                self.connections.clone(),
+                read,
+                head_length,
+                &head,
+                checksum.flatten(),
+            )),
+        };
+        Some(response)
+    }
+
+    /// The GET's request head, signed unless the requests are unsigned.
+    async fn signed_head(
+        &self,
+        object: &ObjectRef<'_>,
+        uri: &str,
+        parsed: &hyper::Uri,
+        origin: &Origin,
+        range: Option<&Range<u64>>,
+    ) -> Option<Vec<u8>> {
         let range = range.map(|r| format!("bytes={}-{}", r.start, r.end - 1));
         let mut headers = match &range {
             Some(range) => vec![("range", range.as_str())],
@@ -107,61 +170,50 @@ impl LeanGets {
         if !object.etag.is_empty() {
             headers.push(("if-match", object.etag));
         }
-        let mut request = hyper::Request::get(&uri);
-        for (name, value) in &headers {
-            request = request.header(*name, *value);
-        }
-        let mut request = request.body(Empty::new()).ok()?;
-        if let Some(credentials) = &self.credentials {
-            let identity = credentials.identity().await?;
-            let signable =
-                SignableRequest::new("GET", &uri, headers.into_iter(), SignableBody::Bytes(&[]))
-                    .ok()?;
-            let params = v4::SigningParams::builder()
-                .identity(&identity)
-                .region(&self.region)
-                .name("s3")
-                .time(SystemTime::now())
-                .settings(s3_signing())
-                .build()
-                .ok()?
-                .into();
-            let (instructions, _) = sign(signable, &params).ok()?.into_parts();
-            instructions.apply_to_request_http1x(&mut request);
-        }
-        let sent = tokio::time::timeout(FIRST_BYTE_TIMEOUT, self.client.request(request));
-        let response = sent.await.ok()?.ok()?;
-        self.responses
-            .record("GetObject", response.status().as_u16());
-        let expected = match range {
-            Some(_) => hyper::StatusCode::PARTIAL_CONTENT,
-            None => hyper::StatusCode::OK,
+        let path = parsed.path_and_query()?.as_str();
+        let host = origin.host_header();
+        let Some(credentials) = &self.credentials else {
+            return Some(request_head(path, &host, headers.into_iter()));
         };
-        if response.status() != expected {
-            return None;
+        let identity = credentials.identity().await?;
+        let signable = SignableRequest::new(
+            "GET",
+            uri,
+            headers.iter().copied(),
+            SignableBody::Bytes(&[]),
+        )
+        .ok()?;
+        let params = v4::SigningParams::builder()
+            .identity(&identity)
+            .region(&self.region)
+            .name("s3")
+            .time(SystemTime::now())
+            .settings(s3_signing())
+            .build()
+            .ok()?
+            .into();
+        let (instructions, _) = sign(signable, &params).ok()?.into_parts();
+        let signed = headers.into_iter().chain(instructions.headers());
+        Some(request_head(path, &host, signed))
+    }
+
+    /// Sends `request` to `origin` and reads the answer's head: on an idle connection if one is
+    /// open (again on a new one if that fails before an answer: the server may have closed it
+    /// while it was idle), else on a new one.
+    async fn ask(
+        &self,
+        origin: &Origin,
+        request: &[u8],
+    ) -> std::io::Result<(Stream, ResponseHead, Vec<u8>, usize)> {
+        let mut read = Vec::new();
+        if let Some(mut stream) = self.connections.idle(origin) {
+            if let Ok((head, length)) = round_trip(&mut stream, request, &mut read).await {
+                return Ok((stream, head, read, length));
+            }
         }
-        let header = |name: &str| response.headers().get(name)?.to_str().ok();
-        let etag = header("etag");
-        let checksum = range.is_none().then(|| {
-            full_object(
-                header("x-amz-checksum-type")
-                    .map(ChecksumType::from)
-                    .as_ref(),
-                etag.unwrap_or_default(),
-                header("x-amz-checksum-crc64nvme"),
-                header("x-amz-checksum-crc32c"),
-                header("x-amz-checksum-crc32"),
-            )
-        });
-        let content_length = header("content-length").and_then(|l| l.parse().ok());
-        let content_range = header("content-range").map(str::to_string);
-        let etag = etag.map(str::to_string);
-        Some(GetResponse {
-            etag,
-            content_range,
-            content_length,
-            body: checked_body(response.into_body(), checksum.flatten()),
-        })
+        let mut stream = self.connections.connect(origin).await?;
+        let (head, length) = round_trip(&mut stream, request, &mut read).await?;
+        Ok((stream, head, read, length))
     }
 
     /// The object's URL, path-style or virtual-hosted as the SDK would address it.
@@ -179,23 +231,11 @@ impl LeanGets {
     }
 }
 
-/// A pooled HTTP and HTTPS client, with the TLS `settings` ask for.
-fn pooled_client(settings: &ClientSettings) -> Client<HttpsConnector<HttpConnector>, Empty<Bytes>> {
-    let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
-    connector.set_nodelay(true);
-    connector.enforce_http(false);
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(super::tls::client_config(
-            settings.ca_bundle.as_deref(),
-            settings.no_verify_ssl,
-        ))
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(connector);
-    Client::builder(TokioExecutor::new())
-        .pool_timer(TokioTimer::new())
-        .build(connector)
+/// The lean path's connections, with the TLS `settings` ask for and as many kept idle as
+/// requests may be in flight.
+fn connections_for(settings: &ClientSettings) -> Arc<Connections> {
+    let tls = super::tls::client_config(settings.ca_bundle.as_deref(), settings.no_verify_ssl);
+    Connections::new(tls, settings.max_requests)
 }
 
 /// How the SDK signs for S3: the payload hash in `x-amz-content-sha256`, the path escaped once
@@ -206,47 +246,6 @@ fn s3_signing() -> SigningSettings {
     settings.percent_encoding_mode = PercentEncodingMode::Single;
     settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
     settings
-}
-
-/// The body as chunks; it fails when no bytes come for the stall grace, and at its end when its
-/// CRC is not the full-object checksum the server sent.
-fn checked_body<B>(body: B, checksum: Option<FullObjectChecksum>) -> Body
-where
-    B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    let crc = checksum.map(|expected| (expected, expected.algorithm.digest()));
-    Box::pin(stream::unfold(Some((body, crc)), |state| async move {
-        let (mut body, mut crc) = state?;
-        loop {
-            let frame = match tokio::time::timeout(STALL_GRACE, body.frame()).await {
-                Err(_) => {
-                    let stalled = format!("no bytes for {STALL_GRACE:?}: the body stalled");
-                    return Some((Err(stalled.into()), None));
-                }
-                Ok(None) => {
-                    let (expected, digest) = crc?;
-                    let actual = digest.finalize();
-                    return (actual != expected.value).then(|| {
-                        let mismatch = format!(
-                            "{} of the body is {actual:#x}, the server's checksum {:#x}",
-                            expected.algorithm.name(),
-                            expected.value
-                        );
-                        (Err(mismatch.into()), None)
-                    });
-                }
-                Ok(Some(Err(err))) => return Some((Err(err.into()), None)),
-                Ok(Some(Ok(frame))) => frame,
-            };
-            if let Ok(data) = frame.into_data() {
-                if let Some((_, digest)) = &mut crc {
-                    digest.update(&data);
-                }
-                return Some((Ok(data), Some((body, crc))));
-            }
-        }
-    }))
 }
 
 /// The SDK's credentials provider, asked again only when what it gave is near its expiry.
@@ -311,13 +310,8 @@ pub(crate) mod test_support {
 
 #[cfg(test)]
 mod tests {
-    use futures::StreamExt;
-    use http_body_util::StreamBody;
-    use hyper::body::Frame;
-
     use super::test_support::{lean_for, settings};
     use super::*;
-    use crate::source::checksum::Algorithm;
     use crate::source::client::StaticCredentials;
 
     #[tokio::test]
@@ -353,7 +347,7 @@ mod tests {
         };
         let settings = settings("http://h:9", credentials);
         let lean = |path_style| LeanGets {
-            client: pooled_client(&settings),
+            connections: connections_for(&settings),
             endpoint: "http://h:9".to_string(),
             path_style,
             region: "r".to_string(),
@@ -380,53 +374,5 @@ mod tests {
             format!("http://bk.h:9/{escaped}")
         );
         assert_eq!(uri(&lean(false), "b.k", key), None);
-    }
-
-    fn body_of(
-        chunks: Vec<&'static [u8]>,
-    ) -> impl hyper::body::Body<Data = Bytes, Error = std::io::Error> + Send + Unpin + 'static {
-        let frames = chunks
-            .into_iter()
-            .map(|c| Ok::<_, std::io::Error>(Frame::data(Bytes::from_static(c))));
-        StreamBody::new(stream::iter(frames))
-    }
-
-    fn crc32c(data: &[u8]) -> FullObjectChecksum {
-        let mut digest = Algorithm::Crc32c.digest();
-        digest.update(data);
-        FullObjectChecksum {
-            algorithm: Algorithm::Crc32c,
-            value: digest.finalize(),
-        }
-    }
-
-    #[tokio::test]
-    async fn a_body_is_checked_against_the_full_object_checksum_at_its_end() {
-        let good: Vec<_> = checked_body(
-            body_of(vec![b"hello ", b"world"]),
-            Some(crc32c(b"hello world")),
-        )
-        .collect()
-        .await;
-        assert_eq!(good.len(), 2);
-        assert!(good.iter().all(Result::is_ok));
-        let bad: Vec<_> = checked_body(
-            body_of(vec![b"hello ", b"w0rld"]),
-            Some(crc32c(b"hello world")),
-        )
-        .collect()
-        .await;
-        assert_eq!(bad.len(), 3, "both chunks, then the mismatch");
-        let err = bad[2].as_ref().unwrap_err().to_string();
-        assert!(err.contains("CRC32C"), "{err}");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_body_without_bytes_for_the_grace_fails_as_stalled() {
-        let silent = StreamBody::new(stream::pending::<Result<Frame<Bytes>, std::io::Error>>());
-        let items: Vec<_> = checked_body(silent, None).collect().await;
-        assert_eq!(items.len(), 1);
-        let err = items[0].as_ref().unwrap_err().to_string();
-        assert!(err.contains("stalled"), "{err}");
     }
 }

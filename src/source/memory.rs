@@ -11,7 +11,9 @@ use futures::FutureExt;
 
 use super::checksum::{Algorithm, FullObjectChecksum};
 use super::list::ObjectEntry;
-use super::object_source::{Body, GetResponse, ListPage, ObjectHead, ObjectRef, ObjectSource};
+use super::object_source::{
+    chunked_body, Body, GetResponse, ListPage, ObjectHead, ObjectRef, ObjectSource,
+};
 use crate::error::{BoxError, HttpAnswer, SourceError, SourceErrorKind};
 
 /// Bytes per body chunk.
@@ -137,7 +139,7 @@ fn body(data: Bytes, cut: Option<usize>) -> Body {
         let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "connection reset");
         chunks.push(Err(Box::new(reset)));
     }
-    Box::pin(futures::stream::iter(chunks))
+    chunked_body(futures::stream::iter(chunks))
 }
 
 impl ObjectSource for MemorySource {

@@ -14,7 +14,9 @@ use super::client::{build_with_credentials, ClientSettings, Responses};
 use super::errors::classify;
 use super::lean::LeanGets;
 use super::list::ObjectEntry;
-use super::object_source::{Body, GetResponse, ListPage, ObjectHead, ObjectRef, ObjectSource};
+use super::object_source::{
+    chunked_body, Body, GetResponse, ListPage, ObjectHead, ObjectRef, ObjectSource,
+};
 use crate::error::SourceError;
 use crate::error::SourceErrorKind;
 
@@ -69,7 +71,7 @@ fn timestamp(t: Option<&aws_sdk_s3::primitives::DateTime>) -> Option<SystemTime>
 }
 
 fn body_stream(body: ByteStream) -> Body {
-    Box::pin(futures::stream::unfold(body, |mut body| async move {
+    chunked_body(futures::stream::unfold(body, |mut body| async move {
         let chunk = body.next().await?;
         Some((chunk.map_err(Into::into), body))
     }))

@@ -4,9 +4,14 @@
 //! recycled): 50 tiny objects in flight held 50 MiB of full-size buffers before.
 
 use std::alloc::{self, Layout};
+use std::future::poll_fn;
+use std::io;
+use std::mem::MaybeUninit;
+use std::pin::Pin;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
+use tokio::io::{AsyncRead, ReadBuf};
 use tokio::sync::Semaphore;
 
 /// Alignment that O_DIRECT needs for buffers, offsets and lengths on common filesystems.
@@ -159,10 +164,33 @@ impl PooledBuf {
         n
     }
 
+    /// Reads once from `reader` into the free space and keeps what it read: the bytes land here
+    /// with no copy on the way when `reader` reads a socket. Returns how many (0 at its end).
+    pub(crate) async fn read_from<R>(&mut self, reader: &mut R) -> io::Result<usize>
+    where
+        R: AsyncRead + Unpin + ?Sized,
+    {
+        let buf = self.buf.as_mut().expect("buffer present until drop");
+        // SAFETY: the bytes from `len` to `capacity` are in the allocation this buffer owns;
+        // `ReadBuf` writes them without reading them.
+        let free = unsafe {
+            let start = buf.ptr.as_ptr().add(buf.len).cast::<MaybeUninit<u8>>();
+            std::slice::from_raw_parts_mut(start, buf.capacity - buf.len)
+        };
+        let mut read = ReadBuf::uninit(free);
+        let into = read.filled().as_ptr() as usize;
+        poll_fn(|cx| Pin::new(&mut *reader).poll_read(cx, &mut read)).await?;
+        let at = read.filled().as_ptr() as usize;
+        assert_eq!(into, at, "read into the buffer itself");
+        let n = read.filled().len();
+        buf.len += n;
+        Ok(n)
+    }
+
     pub(crate) fn as_slice(&self) -> &[u8] {
         let buf = self.buf();
-        // SAFETY: the first `len` bytes are initialised (`fill_from` and `pad_for_direct_io`
-        // write each byte they count).
+        // SAFETY: the first `len` bytes are initialised (`fill_from`, `read_from` and
+        // `pad_for_direct_io` write each byte they count).
         unsafe { std::slice::from_raw_parts(buf.ptr.as_ptr(), buf.len) }
     }
 

@@ -1,0 +1,184 @@
+//! The lean path's connections: TCP, or TLS over it with the configuration the SDK's client
+//! trusts (`source::tls`), kept open between GETs. A connection goes back to the pool only after
+//! its response was read to the end with nothing left over, so a pooled one is always at a
+//! request boundary. One the server closed while it sat idle fails its next request before an
+//! answer; `exchange` then asks again on a fresh connection (a GET is safe to repeat).
+
+use std::collections::HashMap;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
+
+use crate::source::client::CONNECT_TIMEOUT;
+
+/// A connection idle this long is closed rather than reused: most servers close theirs sooner
+/// or later, and a request on one they closed costs a round trip before it is sent again.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where a connection goes: the host and port, over TLS or not.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(super) struct Origin {
+    pub tls: bool,
+    /// As in the URL (an IPv6 address in brackets).
+    pub host: String,
+    pub port: u16,
+}
+
+impl Origin {
+    /// The origin of an `http` or `https` URL.
+    pub(super) fn of(uri: &hyper::Uri) -> Option<Self> {
+        let tls = match uri.scheme_str()? {
+            "http" => false,
+            "https" => true,
+            _ => return None,
+        };
+        let default_port = if tls { 443 } else { 80 };
+        Some(Self {
+            tls,
+            host: uri.host()?.to_string(),
+            port: uri.port_u16().unwrap_or(default_port),
+        })
+    }
+
+    /// The `Host` header, as hyper sends it and SigV4 signs it: the port only when it is not
+    /// the scheme's default.
+    pub(super) fn host_header(&self) -> String {
+        match (self.tls, self.port) {
+            (false, 80) | (true, 443) => self.host.clone(),
+            (_, port) => format!("{}:{port}", self.host),
+        }
+    }
+
+    /// The host without an IPv6 address's brackets: what DNS and TLS take.
+    fn bare_host(&self) -> &str {
+        self.host.trim_start_matches('[').trim_end_matches(']')
+    }
+}
+
+/// One connection, plain or TLS.
+pub(super) enum Stream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(tcp) => Pin::new(tcp).poll_read(cx, buf),
+            Stream::Tls(tls) => Pin::new(tls.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(tcp) => Pin::new(tcp).poll_write(cx, buf),
+            Stream::Tls(tls) => Pin::new(tls.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(tcp) => Pin::new(tcp).poll_flush(cx),
+            Stream::Tls(tls) => Pin::new(tls.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(tcp) => Pin::new(tcp).poll_shutdown(cx),
+            Stream::Tls(tls) => Pin::new(tls.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// Open connections and the idle ones kept for reuse.
+pub(super) struct Connections {
+    tls: TlsConnector,
+    idle: Mutex<HashMap<Origin, Vec<(Stream, Instant)>>>,
+    /// Idle connections kept per origin (as many as requests may be in flight).
+    max_idle: usize,
+}
+
+impl Connections {
+    pub(super) fn new(tls: rustls::ClientConfig, max_idle: usize) -> Arc<Self> {
+        Arc::new(Self {
+            tls: TlsConnector::from(Arc::new(tls)),
+            idle: Mutex::default(),
+            max_idle,
+        })
+    }
+
+    /// The connection to `origin` idle for the shortest time, if one is idle.
+    pub(super) fn idle(&self, origin: &Origin) -> Option<Stream> {
+        let mut idle = self.idle.lock().expect("pool lock");
+        let streams = idle.get_mut(origin)?;
+        streams.retain(|(_, since)| since.elapsed() < IDLE_TIMEOUT);
+        streams.pop().map(|(stream, _)| stream)
+    }
+
+    /// A new connection to `origin`, with the TLS handshake done where it is `https`.
+    pub(super) async fn connect(&self, origin: &Origin) -> io::Result<Stream> {
+        let address = (origin.bare_host(), origin.port);
+        let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(address))
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
+        tcp.set_nodelay(true)?;
+        if !origin.tls {
+            return Ok(Stream::Plain(tcp));
+        }
+        let name = ServerName::try_from(origin.bare_host().to_string())
+            .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
+        let tls = tokio::time::timeout(CONNECT_TIMEOUT, self.tls.connect(name, tcp))
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out"))??;
+        Ok(Stream::Tls(Box::new(tls)))
+    }
+
+    /// Keeps `stream`, at a request boundary, for the next GET to `origin`.
+    pub(super) fn put_back(&self, origin: Origin, stream: Stream) {
+        let mut idle = self.idle.lock().expect("pool lock");
+        let streams = idle.entry(origin).or_default();
+        if streams.len() < self.max_idle {
+            streams.push((stream, Instant::now()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_host_header_names_the_port_unless_it_is_the_default() {
+        let origin = |url: &str| Origin::of(&url.parse().unwrap()).unwrap();
+        assert_eq!(origin("http://h:9000/b/k").host_header(), "h:9000");
+        assert_eq!(origin("http://h/b/k").host_header(), "h");
+        assert_eq!(origin("http://h:80/b/k").host_header(), "h");
+        assert_eq!(origin("https://h:443/b/k").host_header(), "h");
+        assert_eq!(origin("https://h:80/b/k").host_header(), "h:80");
+        let v6 = origin("https://[::1]:9443/b");
+        assert_eq!(
+            (v6.host_header().as_str(), v6.bare_host()),
+            ("[::1]:9443", "::1")
+        );
+        assert!(Origin::of(&"ftp://h/b".parse().unwrap()).is_none());
+    }
+}

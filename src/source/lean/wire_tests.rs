@@ -1,0 +1,201 @@
+//! The lean path's HTTP/1.1 against a server that answers as each test scripts it, byte for
+//! byte: connection reuse, a connection the server closed while idle, framing it refuses, and a
+//! body cut short.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use super::test_support::{lean_for, settings};
+use super::LeanGets;
+use crate::source::client::{Responses, StaticCredentials};
+use crate::source::object_source::ObjectRef;
+
+const BODY: &[u8] = b"0123456789abcdefghij";
+
+/// How the server answers its `n`th request (counted from 0 over all connections).
+struct Answer {
+    bytes: Vec<u8>,
+    /// Close the connection after it, without saying so.
+    then_close: bool,
+}
+
+fn large(n: usize) -> Vec<u8> {
+    (0..300_000 + n).map(|i| (i % 251) as u8).collect()
+}
+
+/// A 206 with `body` as the start of an object (whose length the lean path does not check).
+fn partial(body: &[u8], headers: &str) -> Vec<u8> {
+    let head = format!(
+        "HTTP/1.1 206 Partial Content\r\ncontent-length: {}\r\ncontent-range: bytes 0-{}/{}\r\n\
+         etag: \"e\"\r\n{headers}\r\n",
+        body.len(),
+        body.len() - 1,
+        body.len()
+    );
+    [head.as_bytes(), body].concat()
+}
+
+/// A server on a local port answering with `script`; returns its endpoint and a count of the
+/// connections it accepted.
+async fn scripted(script: fn(usize) -> Answer) -> (String, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let connections = Arc::new(AtomicUsize::new(0));
+    let requests = Arc::new(AtomicUsize::new(0));
+    let accepted = connections.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            accepted.fetch_add(1, Ordering::SeqCst);
+            let requests = requests.clone();
+            tokio::spawn(async move {
+                let mut read = Vec::new();
+                loop {
+                    let mut chunk = [0u8; 4096];
+                    match socket.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => read.extend_from_slice(&chunk[..n]),
+                    }
+                    let Some(end) = read.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        continue;
+                    };
+                    read.drain(..end + 4);
+                    let answer = script(requests.fetch_add(1, Ordering::SeqCst));
+                    socket.write_all(&answer.bytes).await.unwrap();
+                    if answer.then_close {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (endpoint, connections)
+}
+
+async fn lean(endpoint: &str) -> (LeanGets, Arc<Responses>) {
+    let credentials = StaticCredentials {
+        access_key: "a".to_string(),
+        secret_key: "b".to_string(),
+    };
+    let (lean, responses) = lean_for(&settings(endpoint, credentials)).await;
+    (lean.expect("an HTTP endpoint"), responses)
+}
+
+const OBJECT: ObjectRef<'static> = ObjectRef {
+    bucket: "b",
+    key: "k",
+    version_id: None,
+    etag: "\"e\"",
+};
+
+/// GETs the first `len` bytes and reads the body.
+async fn get(lean: &LeanGets, len: u64) -> Option<std::io::Result<Vec<u8>>> {
+    let mut response = lean.get(&OBJECT, Some(0..len)).await?;
+    let mut body = Vec::new();
+    Some(response.body.read_to_end(&mut body).await.map(|_| body))
+}
+
+#[tokio::test]
+async fn a_connection_carries_one_get_after_another() {
+    // Bodies larger than what is read with the head, of lengths that differ by a byte.
+    let (endpoint, connections) = scripted(|n| Answer {
+        bytes: partial(&large(n), ""),
+        then_close: false,
+    })
+    .await;
+    let (lean, responses) = lean(&endpoint).await;
+    for n in 0..3 {
+        let body = get(&lean, large(n).len() as u64).await.expect("taken");
+        assert!(body.unwrap() == large(n), "body {n}");
+    }
+    assert_eq!(connections.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        responses.by_operation(),
+        [(("GetObject".to_string(), 206), 3)].into()
+    );
+}
+
+#[tokio::test]
+async fn a_connection_the_server_closed_while_idle_is_replaced_unseen() {
+    let (endpoint, connections) = scripted(|_| Answer {
+        bytes: partial(BODY, ""),
+        then_close: true,
+    })
+    .await;
+    let (lean, _) = lean(&endpoint).await;
+    for _ in 0..3 {
+        let body = get(&lean, BODY.len() as u64).await.expect("taken");
+        assert_eq!(body.unwrap(), BODY);
+    }
+    assert_eq!(connections.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn a_connection_the_answer_closes_is_not_reused() {
+    let (endpoint, connections) = scripted(|_| Answer {
+        bytes: partial(BODY, "connection: close\r\n"),
+        then_close: false,
+    })
+    .await;
+    let (lean, _) = lean(&endpoint).await;
+    for _ in 0..2 {
+        assert_eq!(get(&lean, BODY.len() as u64).await.unwrap().unwrap(), BODY);
+    }
+    assert_eq!(connections.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn an_answer_without_a_content_length_is_left_to_the_sdk() {
+    let (endpoint, _) = scripted(|_| Answer {
+        bytes: b"HTTP/1.1 206 Partial Content\r\ntransfer-encoding: chunked\r\n\r\n\
+                 14\r\n0123456789abcdefghij\r\n0\r\n\r\n"
+            .to_vec(),
+        then_close: false,
+    })
+    .await;
+    let (lean, responses) = lean(&endpoint).await;
+    assert!(get(&lean, BODY.len() as u64).await.is_none());
+    assert_eq!(
+        responses.by_operation(),
+        [(("GetObject".to_string(), 206), 1)].into()
+    );
+}
+
+#[tokio::test]
+async fn a_body_cut_short_fails_with_what_was_missing() {
+    let (endpoint, _) = scripted(|_| {
+        let mut bytes = partial(BODY, "");
+        bytes.truncate(bytes.len() - 5);
+        Answer {
+            bytes,
+            then_close: true,
+        }
+    })
+    .await;
+    let (lean, _) = lean(&endpoint).await;
+    let err = get(&lean, BODY.len() as u64).await.unwrap().unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof);
+    assert!(err.to_string().contains("5 bytes before"), "{err}");
+}
+
+#[tokio::test]
+async fn a_whole_object_whose_crc_is_not_the_servers_checksum_fails_at_its_end() {
+    let (endpoint, _) = scripted(|_| Answer {
+        bytes: [
+            &b"HTTP/1.1 200 OK\r\ncontent-length: 20\r\netag: \"e\"\r\n\
+               x-amz-checksum-crc32c: AAAAAA==\r\nx-amz-checksum-type: FULL_OBJECT\r\n\r\n"[..],
+            BODY,
+        ]
+        .concat(),
+        then_close: false,
+    })
+    .await;
+    let (lean, _) = lean(&endpoint).await;
+    let mut response = lean.get(&OBJECT, None).await.expect("a 200");
+    let mut body = Vec::new();
+    let err = response.body.read_to_end(&mut body).await.unwrap_err();
+    assert!(err.to_string().contains("CRC32C"), "{err}");
+}
