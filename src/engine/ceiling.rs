@@ -5,8 +5,9 @@
 //! connection to S3 (4 Gbit/s per server address over 10 connections: 0.4 Gbit/s, 50 MB/s),
 //! and follow the CRT's rule: streams = target throughput / throughput per stream.
 //! - CPU: a core processes [`CLIENT_BYTES_PER_CORE_SECOND`] (hydrator's client cost against a
-//!   near-free origin, 0.68 CPU-s per GiB received, hashed and written; docs/benchmarks.md), so
-//!   one core keeps about 32 streams busy: a 1-core pod stops at 32, 1.5 cores at 48.
+//!   near-free origin, per GiB received, hashed and written: 0.51–0.55 CPU-s over HTTP,
+//!   0.86–0.98 over HTTPS; docs/benchmarks.md; 0.68 lies between), so one core keeps about 32
+//!   streams busy: a 1-core pod stops at 32, 1.5 cores at 48.
 //! - Network: a 10 Gbit/s NIC fills with 25 streams, 25 Gbit/s with 63; 100 Gbit/s needs 250,
 //!   past [`AUTO_MAX_CONCURRENCY`]. An unknown speed does not bound.
 //!
@@ -19,7 +20,8 @@ use crate::host::Host;
 
 /// Bytes a second one connection to S3 delivers (the AWS CRT's sizing figure).
 const STREAM_BYTES_PER_SECOND: f64 = 50e6;
-/// Bytes a second one core receives, hashes and writes: 1 GiB per 0.68 CPU-s.
+/// Bytes a second one core receives, hashes and writes: 1 GiB per 0.68 CPU-s, between the cost
+/// over HTTP and over HTTPS.
 const CLIENT_BYTES_PER_CORE_SECOND: f64 = (1u64 << 30) as f64 / 0.68;
 
 /// The most GETs `auto` may have in flight, and the bounds it is the smaller of.

@@ -273,6 +273,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn reads_land_in_the_buffer_up_to_its_capacity() {
+        let pool = BufferPool::new(1, 8192);
+        let data: Vec<u8> = (0..10_000).map(|i| (i % 251) as u8).collect();
+        // A reader that gives at most 3,000 bytes a read, as a socket gives what has come.
+        let chunks = data
+            .chunks(3000)
+            .map(|c| Ok::<_, io::Error>(bytes::Bytes::copy_from_slice(c)));
+        let mut reader =
+            tokio_util::io::StreamReader::new(futures::stream::iter(chunks.collect::<Vec<_>>()));
+        let mut buf = pool.acquire().await;
+        let mut reads = Vec::new();
+        while !buf.is_full() {
+            reads.push(buf.read_from(&mut reader).await.unwrap());
+        }
+        assert_eq!(reads, [3000, 3000, 2192]);
+        assert_eq!(buf.as_slice(), &data[..8192]);
+        let rest = pool.acquire_for(10_000 - 8192);
+        drop(buf);
+        let mut rest = rest.await;
+        assert_eq!(rest.read_from(&mut reader).await.unwrap(), 808);
+        assert_eq!(rest.read_from(&mut reader).await.unwrap(), 1000);
+        assert_eq!(rest.read_from(&mut reader).await.unwrap(), 0, "the end");
+        assert_eq!(rest.as_slice(), &data[8192..]);
+    }
+
+    #[tokio::test]
     async fn padding_reaches_alignment_with_zeros() {
         let pool = BufferPool::new(1, 8192);
         let mut a = pool.acquire().await;
