@@ -1,4 +1,4 @@
-//! HTTPS as on-prem stores serve it, through nginx: whole-object GETs take the lean path over
+//! HTTPS as on-prem stores serve it, through nginx: object GETs take the lean path over
 //! TLS 1.3 and 1.2 (the SDK sends only the listing), connections are reused, and a connection
 //! the server closed reopens with a resumed session.
 
@@ -89,4 +89,37 @@ fn whole_object_gets_over_https_take_the_lean_path_reusing_connections_and_sessi
         assert_eq!(gets.len() as u64, 2 * OBJECTS);
         assert!(gets.iter().all(|r| !r.sdk), "GETs by the SDK: {gets:?}");
     }
+}
+
+/// Garage, a real S3 server, behind nginx: its answers (whole objects and the ranged parts of a
+/// larger one) are all taken by the lean path, each GET sent once, and the mirror is exact.
+#[test]
+fn gets_from_garage_over_https_take_the_lean_path_once_each() {
+    let Some(server) = Server::garage() else {
+        return;
+    };
+    let mut expected: BTreeMap<String, Vec<u8>> = (0..8u64)
+        .map(|n| (format!("small{n}.bin"), content(950 + n, 30_000)))
+        .collect();
+    expected.insert("large.bin".into(), content(960, 3 * (1 << 20) + 5));
+    server.seed("secure-garage/", &expected);
+    let upstream = server.target.endpoint.trim_start_matches("http://");
+    let Some(nginx) = Nginx::start(upstream, "TLSv1.3", 1000) else {
+        return;
+    };
+    let target = S3Target {
+        endpoint: format!("https://localhost:{}", nginx.port),
+        ..server.target.clone()
+    };
+    let url = format!("s3://{}/secure-garage/", server.target.bucket);
+    let (_dir, dest) = temp_dest();
+    let ca = nginx.ca_file.to_str().unwrap();
+    let args = ["--ca-bundle", ca, "--part-size", "1MiB"];
+    hydrator_sync(&target, &url, &dest, &args).assert_code(0);
+    assert_mirror(&dest, &expected);
+
+    let gets = object_gets(&nginx);
+    assert!(gets.iter().all(|r| !r.sdk), "GETs by the SDK: {gets:?}");
+    // Eight whole objects and the large one's four parts, none asked twice.
+    assert_eq!(gets.len(), 8 + 4, "{gets:?}");
 }
