@@ -9,12 +9,13 @@
 //! ranged one, framed by a `Content-Length`, are taken from it; any other answer (after it is
 //! recorded, so throttling still reaches the adaptive limit), a transport error or no answer
 //! within the SDK's first-byte timeout hands the request to the SDK path, which retries,
-//! classifies and reports as always. What the SDK does on a 200 is done here too: the body is
-//! CRC'd against the full-object checksum header (and the engine fails a body with no bytes for
-//! the stall grace as a stalled one, whichever path it came by). Used with a custom endpoint
-//! (in-cluster MinIO, Garage, Ceph RGW) over HTTP or HTTPS, trusting what the SDK trusts
-//! (`source::tls`), and unversioned GETs; AWS keeps the SDK path. A certificate the lean path
-//! refuses, the SDK path refuses too, and reports.
+//! classifies and reports as always; after an answer not framed by `Content-Length` (each GET
+//! would be sent twice) the lean path stands aside for the rest of the run. What the SDK does
+//! on a 200 is done here too: the body is CRC'd against the full-object checksum header (and
+//! the engine fails a body with no bytes for the stall grace as a stalled one, whichever path
+//! it came by). Used with a custom endpoint (in-cluster MinIO, Garage, Ceph RGW) over HTTP or
+//! HTTPS, trusting what the SDK trusts (`source::tls`), and unversioned GETs; AWS keeps the SDK
+//! path. A certificate the lean path refuses, the SDK path refuses too, and reports.
 
 mod connections;
 mod exchange;
@@ -22,6 +23,7 @@ mod exchange;
 mod wire_tests;
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
@@ -60,6 +62,9 @@ pub(crate) struct LeanGets {
     /// `None`: unsigned requests (`--no-sign-request`).
     credentials: Option<CachedCredentials>,
     responses: Arc<Responses>,
+    /// The server answered a GET without a `Content-Length`: every GET would be sent twice,
+    /// so the lean path stands aside.
+    unframed: AtomicBool,
 }
 
 impl LeanGets {
@@ -88,6 +93,7 @@ impl LeanGets {
             region: sdk.config().region()?.to_string(),
             credentials,
             responses,
+            unframed: AtomicBool::new(false),
         })
     }
 
@@ -98,7 +104,7 @@ impl LeanGets {
         object: &ObjectRef<'_>,
         range: Option<Range<u64>>,
     ) -> Option<GetResponse> {
-        if object.version_id.is_some() {
+        if object.version_id.is_some() || self.unframed.load(Ordering::Relaxed) {
             return None;
         }
         let uri = self.uri(object)?;
@@ -121,7 +127,13 @@ impl LeanGets {
             Some(_) => 206,
             None => 200,
         };
-        if head.status != expected || head.body_length.is_none() {
+        if head.status != expected {
+            return None;
+        }
+        if head.body_length.is_none() {
+            if !self.unframed.swap(true, Ordering::Relaxed) {
+                tracing::info!("the server frames GET answers without a Content-Length: GETs go through the SDK");
+            }
             return None;
         }
         let etag = head.header("etag");
@@ -353,6 +365,7 @@ mod tests {
             region: "r".to_string(),
             credentials: None,
             responses: Arc::default(),
+            unframed: AtomicBool::new(false),
         };
         let uri = |lean: &LeanGets, bucket, key| {
             let object = ObjectRef {
