@@ -237,8 +237,11 @@ impl PartStream {
                     self.buf.insert(buf)
                 }
             };
+            // Never past the part's end: a longer body is caught by the probe above, and the
+            // buffer keeps only bytes of the part (a retry resumes after them).
+            let most = (expected - self.received) as usize;
             let asked = Instant::now();
-            let read = within_grace(filling.read_from(&mut body)).await;
+            let read = within_grace(filling.read_from(&mut body, most)).await;
             waited += asked.elapsed();
             let n = match read {
                 Ok(0) => {
@@ -255,9 +258,6 @@ impl PartStream {
             Stats::add(&ctx.fetch.stats.bytes_received, n);
             ctx.fetch.request_slots.record_received(n);
             ctx.fetch.rates.bytes(n).await;
-            if self.received + n > expected {
-                return Err(BodyError::Long { expected }.into());
-            }
             self.received += n;
             brought += n;
             if waited > SLOW_BODY_GRACE && brought < MIN_BODY_RATE * waited.as_secs() {

@@ -125,6 +125,20 @@ async fn a_body_that_breaks_after_its_last_byte_is_fetched_again() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_longer_than_its_range_is_fetched_again_and_none_of_its_extra_bytes_land() {
+    let fixture = Fixture::new(true);
+    // Two parts, the second shorter than a buffer: extra bytes would fit in its buffer.
+    let data = content(MIB + 5000, 4);
+    fixture.source.put("long.bin", data.clone());
+    fixture.source.fault("long.bin", Fault::Longer(3000));
+    fixture.source.fault("long.bin", Fault::Longer(3000));
+    let outcome = fixture.sync().await;
+    fixture.assert_mirrored(&outcome, "long.bin", &data).await;
+    assert_eq!(fixture.gets("long.bin").len(), 4, "each part again");
+    assert_eq!(outcome.summary.part_retries, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_whole_object_body_cut_short_starts_again() {
     let fixture = Fixture::new(false);
     let data = content(200_000, 2);

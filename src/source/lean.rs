@@ -120,7 +120,13 @@ impl LeanGets {
                 tracing::debug!(key = object.key, "lean GET handed to the SDK: {err}");
                 return None;
             }
-            Err(_) => return None,
+            Err(_) => {
+                tracing::debug!(
+                    key = object.key,
+                    "lean GET handed to the SDK: no answer in time"
+                );
+                return None;
+            }
         };
         self.responses.record("GetObject", head.status);
         let expected = match range {
@@ -188,13 +194,10 @@ impl LeanGets {
             return Some(request_head(path, &host, headers.into_iter()));
         };
         let identity = credentials.identity().await?;
-        let signable = SignableRequest::new(
-            "GET",
-            uri,
-            headers.iter().copied(),
-            SignableBody::Bytes(&[]),
-        )
-        .ok()?;
+        // The Host sent is signed as sent (the URL may spell the port otherwise).
+        let with_host = headers.iter().copied().chain([("host", host.as_str())]);
+        let signable =
+            SignableRequest::new("GET", uri, with_host, SignableBody::Bytes(&[])).ok()?;
         let params = v4::SigningParams::builder()
             .identity(&identity)
             .region(&self.region)

@@ -28,6 +28,8 @@ pub(crate) enum Fault {
     CutAfter(usize),
     /// Claims in `Content-Range` to send the range asked for less its first byte.
     ShiftedContentRange,
+    /// Sends this many bytes past the range asked for, announcing no `Content-Length`.
+    Longer(usize),
     /// The object is overwritten with these bytes just before the GET is answered.
     Overwrite(Bytes),
 }
@@ -226,14 +228,20 @@ impl ObjectSource for MemorySource {
                     Some(Fault::CutAfter(n)) => Some(n),
                     _ => None,
                 };
+                let mut sent = data.slice(range.start as usize..range.end as usize);
+                let mut content_length = Some(sent.len() as i64);
+                if let Some(Fault::Longer(extra)) = fault {
+                    sent = [&sent[..], &vec![b'X'; extra]].concat().into();
+                    content_length = None;
+                }
                 GetResponse {
                     etag: Some(etag),
                     content_range: (!whole).then(|| {
                         let (first, last) = (range.start + shift, range.end - 1);
                         format!("bytes {first}-{last}/{size}")
                     }),
-                    content_length: Some((range.end - range.start) as i64),
-                    body: body(data.slice(range.start as usize..range.end as usize), cut),
+                    content_length,
+                    body: body(sent, cut),
                 }
             }),
         };

@@ -164,18 +164,21 @@ impl PooledBuf {
         n
     }
 
-    /// Reads once from `reader` into the free space and keeps what it read: the bytes land here
-    /// with no copy on the way when `reader` reads a socket. Returns how many (0 at its end).
-    pub(crate) async fn read_from<R>(&mut self, reader: &mut R) -> io::Result<usize>
+    /// Reads once from `reader` into the free space, at most `most` bytes (not 0), and keeps
+    /// what it read: the bytes land here with no copy on the way when `reader` reads a socket.
+    /// Returns how many (0 at its end).
+    pub(crate) async fn read_from<R>(&mut self, reader: &mut R, most: usize) -> io::Result<usize>
     where
         R: AsyncRead + Unpin + ?Sized,
     {
         let buf = self.buf.as_mut().expect("buffer present until drop");
-        // SAFETY: the bytes from `len` to `capacity` are in the allocation this buffer owns;
-        // `ReadBuf` writes them without reading them.
+        let room = (buf.capacity - buf.len).min(most);
+        assert!(room > 0, "a read needs room");
+        // SAFETY: the `room` bytes from `len` are in the allocation this buffer owns; `ReadBuf`
+        // writes them without reading them.
         let free = unsafe {
             let start = buf.ptr.as_ptr().add(buf.len).cast::<MaybeUninit<u8>>();
-            std::slice::from_raw_parts_mut(start, buf.capacity - buf.len)
+            std::slice::from_raw_parts_mut(start, room)
         };
         let mut read = ReadBuf::uninit(free);
         let into = read.filled().as_ptr() as usize;
@@ -285,16 +288,25 @@ mod tests {
         let mut buf = pool.acquire().await;
         let mut reads = Vec::new();
         while !buf.is_full() {
-            reads.push(buf.read_from(&mut reader).await.unwrap());
+            reads.push(buf.read_from(&mut reader, usize::MAX).await.unwrap());
         }
         assert_eq!(reads, [3000, 3000, 2192]);
         assert_eq!(buf.as_slice(), &data[..8192]);
         let rest = pool.acquire_for(10_000 - 8192);
         drop(buf);
         let mut rest = rest.await;
-        assert_eq!(rest.read_from(&mut reader).await.unwrap(), 808);
-        assert_eq!(rest.read_from(&mut reader).await.unwrap(), 1000);
-        assert_eq!(rest.read_from(&mut reader).await.unwrap(), 0, "the end");
+        assert_eq!(rest.read_from(&mut reader, usize::MAX).await.unwrap(), 808);
+        assert_eq!(
+            rest.read_from(&mut reader, 600).await.unwrap(),
+            600,
+            "at most as asked"
+        );
+        assert_eq!(rest.read_from(&mut reader, usize::MAX).await.unwrap(), 400);
+        assert_eq!(
+            rest.read_from(&mut reader, usize::MAX).await.unwrap(),
+            0,
+            "the end"
+        );
         assert_eq!(rest.as_slice(), &data[8192..]);
     }
 

@@ -1,14 +1,15 @@
 //! The lean path's connections: TCP, or TLS over it with the configuration the SDK's client
 //! trusts (`source::tls`), kept open between GETs. A connection goes back to the pool only after
 //! its response was read to the end with nothing left over, so a pooled one is always at a
-//! request boundary. One the server closed while it sat idle fails its next request before an
-//! answer; `exchange` then asks again on a fresh connection (a GET is safe to repeat).
+//! request boundary; one that has since been closed, or has bytes nobody asked for, is dropped
+//! when taken. One the server closes just as a request goes out fails before an answer;
+//! `LeanGets::ask` then asks again on a new connection (a GET is safe to repeat).
 
 use std::collections::HashMap;
 use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use rustls::pki_types::ServerName;
@@ -69,6 +70,16 @@ pub(super) enum Stream {
     Tls(Box<TlsStream<TcpStream>>),
 }
 
+impl Stream {
+    /// Nothing to read and not closed, without waiting: a connection at a request boundary.
+    fn is_quiet(&mut self) -> bool {
+        let mut byte = [0u8; 1];
+        let mut read = ReadBuf::new(&mut byte);
+        let mut cx = Context::from_waker(Waker::noop());
+        Pin::new(self).poll_read(&mut cx, &mut read).is_pending()
+    }
+}
+
 impl AsyncRead for Stream {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -126,12 +137,21 @@ impl Connections {
         })
     }
 
-    /// The connection to `origin` idle for the shortest time, if one is idle.
+    /// The connection to `origin` idle for the shortest time, if one is idle and quiet: one the
+    /// server closed, or sent to unasked, is dropped.
     pub(super) fn idle(&self, origin: &Origin) -> Option<Stream> {
         let mut idle = self.idle.lock().expect("pool lock");
         let streams = idle.get_mut(origin)?;
-        streams.retain(|(_, since)| since.elapsed() < IDLE_TIMEOUT);
-        streams.pop().map(|(stream, _)| stream)
+        while let Some((mut stream, since)) = streams.pop() {
+            if since.elapsed() >= IDLE_TIMEOUT {
+                streams.clear(); // the others have been idle longer still
+                return None;
+            }
+            if stream.is_quiet() {
+                return Some(stream);
+            }
+        }
+        None
     }
 
     /// A new connection to `origin`, with the TLS handshake done where it is `https`.

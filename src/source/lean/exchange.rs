@@ -215,6 +215,9 @@ impl AsyncRead for DirectBody {
         }
         let start = buf.filled().len();
         let want = (buf.remaining() as u64).min(this.remaining) as usize;
+        if want == 0 {
+            return Poll::Ready(Ok(()));
+        }
         if this.taken < this.early.len() {
             let early = &this.early[this.taken..];
             let n = early.len().min(want);

@@ -120,9 +120,10 @@ async fn a_connection_carries_one_get_after_another() {
 
 #[tokio::test]
 async fn a_connection_the_server_closed_while_idle_is_replaced_unseen() {
-    let (endpoint, connections, _) = scripted(|_| Answer {
+    // The first connection is closed after its answer; the second carries the rest.
+    let (endpoint, connections, _) = scripted(|n| Answer {
         bytes: partial(BODY, ""),
-        then_close: true,
+        then_close: n == 0,
     })
     .await;
     let (lean, _) = lean(&endpoint).await;
@@ -130,7 +131,39 @@ async fn a_connection_the_server_closed_while_idle_is_replaced_unseen() {
         let body = get(&lean, BODY.len() as u64).await.expect("taken");
         assert_eq!(body.unwrap(), BODY);
     }
-    assert_eq!(connections.load(Ordering::SeqCst), 3);
+    assert_eq!(connections.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_get_dropped_unanswered_on_a_reused_connection_is_asked_again_on_a_new_one() {
+    // The server reads the second request and closes without an answer, as one closing an
+    // idle connection just as a request arrives does.
+    let (endpoint, connections, requests) = scripted(|n| match n {
+        1 => Answer {
+            bytes: Vec::new(),
+            then_close: true,
+        },
+        _ => Answer {
+            bytes: partial(BODY, ""),
+            then_close: false,
+        },
+    })
+    .await;
+    let (lean, responses) = lean(&endpoint).await;
+    for _ in 0..3 {
+        let body = get(&lean, BODY.len() as u64).await.expect("taken");
+        assert_eq!(body.unwrap(), BODY);
+    }
+    assert_eq!(
+        requests.load(Ordering::SeqCst),
+        4,
+        "the dropped one asked again"
+    );
+    assert_eq!(connections.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        responses.by_operation(),
+        [(("GetObject".to_string(), 206), 3)].into()
+    );
 }
 
 #[tokio::test]
