@@ -9,14 +9,15 @@ use std::collections::HashMap;
 use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Waker};
 use std::time::{Duration, Instant};
 
 use rustls::pki_types::ServerName;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
+use tokio_util::either::Either;
 
 use crate::source::client::CONNECT_TIMEOUT;
 
@@ -65,59 +66,14 @@ impl Origin {
 }
 
 /// One connection, plain or TLS.
-pub(super) enum Stream {
-    Plain(TcpStream),
-    Tls(Box<TlsStream<TcpStream>>),
-}
+pub(super) type Stream = Either<TcpStream, Box<TlsStream<TcpStream>>>;
 
-impl Stream {
-    /// Nothing to read and not closed, without waiting: a connection at a request boundary.
-    fn is_quiet(&mut self) -> bool {
-        let mut byte = [0u8; 1];
-        let mut read = ReadBuf::new(&mut byte);
-        let mut cx = Context::from_waker(Waker::noop());
-        Pin::new(self).poll_read(&mut cx, &mut read).is_pending()
-    }
-}
-
-impl AsyncRead for Stream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(tcp) => Pin::new(tcp).poll_read(cx, buf),
-            Stream::Tls(tls) => Pin::new(tls.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for Stream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Stream::Plain(tcp) => Pin::new(tcp).poll_write(cx, buf),
-            Stream::Tls(tls) => Pin::new(tls.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(tcp) => Pin::new(tcp).poll_flush(cx),
-            Stream::Tls(tls) => Pin::new(tls.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Plain(tcp) => Pin::new(tcp).poll_shutdown(cx),
-            Stream::Tls(tls) => Pin::new(tls.as_mut()).poll_shutdown(cx),
-        }
-    }
+/// Nothing to read and not closed, without waiting: a connection at a request boundary.
+fn is_quiet(stream: &mut Stream) -> bool {
+    let mut byte = [0u8; 1];
+    let mut read = ReadBuf::new(&mut byte);
+    let mut cx = Context::from_waker(Waker::noop());
+    Pin::new(stream).poll_read(&mut cx, &mut read).is_pending()
 }
 
 /// Open connections and the idle ones kept for reuse.
@@ -147,7 +103,7 @@ impl Connections {
                 streams.clear(); // the others have been idle longer still
                 return None;
             }
-            if stream.is_quiet() {
+            if is_quiet(&mut stream) {
                 return Some(stream);
             }
         }
@@ -162,14 +118,14 @@ impl Connections {
             .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
         tcp.set_nodelay(true)?;
         if !origin.tls {
-            return Ok(Stream::Plain(tcp));
+            return Ok(Either::Left(tcp));
         }
         let name = ServerName::try_from(origin.bare_host().to_string())
             .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
         let tls = tokio::time::timeout(CONNECT_TIMEOUT, self.tls.connect(name, tcp))
             .await
             .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out"))??;
-        Ok(Stream::Tls(Box::new(tls)))
+        Ok(Either::Right(Box::new(tls)))
     }
 
     /// Keeps `stream`, at a request boundary, for the next GET to `origin`.
