@@ -37,8 +37,8 @@ use aws_sigv4::sign::v4;
 use aws_smithy_runtime_api::client::identity::Identity;
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
-use self::connections::{Connections, Origin, Stream};
-use self::exchange::{request_head, round_trip, DirectBody, ResponseHead};
+use self::connections::{Connections, Origin};
+use self::exchange::{request_head, round_trip, Answer, DirectBody};
 use super::checksum::full_object;
 use super::client::{ClientSettings, Responses, FIRST_BYTE_TIMEOUT};
 use super::object_source::{GetResponse, ObjectRef};
@@ -114,7 +114,7 @@ impl LeanGets {
             .signed_head(object, &uri, &parsed, &origin, range.as_ref())
             .await?;
         let answered = tokio::time::timeout(FIRST_BYTE_TIMEOUT, self.ask(&origin, &request));
-        let (stream, head, read, head_length) = match answered.await {
+        let answer = match answered.await {
             Ok(Ok(answer)) => answer,
             Ok(Err(err)) => {
                 tracing::debug!(key = object.key, "lean GET handed to the SDK: {err}");
@@ -128,6 +128,7 @@ impl LeanGets {
                 return None;
             }
         };
+        let head = &answer.head;
         self.responses.record("GetObject", head.status);
         let expected = match range {
             Some(_) => 206,
@@ -136,12 +137,14 @@ impl LeanGets {
         if head.status != expected {
             return None;
         }
-        if head.body_length.is_none() {
+        let Some(body_length) = head.body_length else {
             if !self.unframed.swap(true, Ordering::Relaxed) {
-                tracing::info!("the server frames GET answers without a Content-Length: GETs go through the SDK");
+                tracing::info!(
+                    "the server frames GET answers without a Content-Length: GETs go through the SDK"
+                );
             }
             return None;
-        }
+        };
         let etag = head.header("etag");
         let checksum = range.is_none().then(|| {
             full_object(
@@ -154,21 +157,20 @@ impl LeanGets {
                 head.header("x-amz-checksum-crc32"),
             )
         });
-        let response = GetResponse {
-            etag: etag.map(str::to_string),
-            content_range: head.header("content-range").map(str::to_string),
-            content_length: head.body_length.map(|length| length as i64),
+        let etag = etag.map(str::to_string);
+        let content_range = head.header("content-range").map(str::to_string);
+        let connections = self.connections.clone();
+        Some(GetResponse {
+            etag,
+            content_range,
+            content_length: Some(body_length as i64),
             body: Box::pin(DirectBody::new(
-                stream,
+                answer,
                 origin,
-                self.connections.clone(),
-                read,
-                head_length,
-                &head,
+                connections,
                 checksum.flatten(),
             )),
-        };
-        Some(response)
+        })
     }
 
     /// The GET's request head, signed unless the requests are unsigned.
@@ -214,21 +216,14 @@ impl LeanGets {
 
     /// Sends `request` to `origin` and reads the answer's head: on an idle connection if one is
     /// open (again on a new one if that fails before an answer: the server may have closed it
-    /// while it was idle), else on a new one.
-    async fn ask(
-        &self,
-        origin: &Origin,
-        request: &[u8],
-    ) -> std::io::Result<(Stream, ResponseHead, Vec<u8>, usize)> {
-        let mut read = Vec::new();
-        if let Some(mut stream) = self.connections.idle(origin) {
-            if let Ok((head, length)) = round_trip(&mut stream, request, &mut read).await {
-                return Ok((stream, head, read, length));
+    /// just as the request went out), else on a new one.
+    async fn ask(&self, origin: &Origin, request: &[u8]) -> std::io::Result<Answer> {
+        if let Some(stream) = self.connections.idle(origin) {
+            if let Ok(answer) = round_trip(stream, request).await {
+                return Ok(answer);
             }
         }
-        let mut stream = self.connections.connect(origin).await?;
-        let (head, length) = round_trip(&mut stream, request, &mut read).await?;
-        Ok((stream, head, read, length))
+        round_trip(self.connections.connect(origin).await?, request).await
     }
 
     /// The object's URL, path-style or virtual-hosted as the SDK would address it.

@@ -102,30 +102,40 @@ pub(super) fn request_head<'a>(
     head.into_bytes()
 }
 
-/// Writes `request` on `stream` and reads the answer's head into `read`; returns the head and
-/// how many bytes of `read` it took (the rest starts the body).
-pub(super) async fn round_trip(
-    stream: &mut Stream,
-    request: &[u8],
-    read: &mut Vec<u8>,
-) -> io::Result<(ResponseHead, usize)> {
+/// An answer whose head has been read, on the connection it came by.
+pub(super) struct Answer {
+    pub stream: Stream,
+    pub head: ResponseHead,
+    /// Read with the head: `read[head_length..]` starts the body.
+    read: Vec<u8>,
+    head_length: usize,
+}
+
+/// Writes `request` on `stream` and reads the answer's head.
+pub(super) async fn round_trip(mut stream: Stream, request: &[u8]) -> io::Result<Answer> {
     stream.write_all(request).await?;
     stream.flush().await?;
-    read.clear();
+    let mut read = Vec::new();
     loop {
         read.reserve(HEAD_READ);
-        if stream.read_buf(read).await? == 0 {
+        if stream.read_buf(&mut read).await? == 0 {
             let closed = "the connection closed before an answer";
             return Err(io::Error::new(io::ErrorKind::UnexpectedEof, closed));
         }
         let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut response = httparse::Response::new(&mut headers);
         match response
-            .parse(read)
+            .parse(&read)
             .map_err(|err| invalid(&err.to_string()))?
         {
-            httparse::Status::Complete(length) => {
-                return Ok((ResponseHead::parse(&response)?, length))
+            httparse::Status::Complete(head_length) => {
+                let head = ResponseHead::parse(&response)?;
+                return Ok(Answer {
+                    stream,
+                    head,
+                    read,
+                    head_length,
+                });
             }
             httparse::Status::Partial if read.len() > MAX_HEAD => return Err(invalid("too large")),
             httparse::Status::Partial => {}
@@ -150,25 +160,21 @@ pub(super) struct DirectBody {
 }
 
 impl DirectBody {
-    /// The body of an answer with `head` whose first bytes are `read[head_length..]`.
-    #[allow(clippy::too_many_arguments)]
+    /// The body of `answer`, checked at its end against `checksum` when there is one.
     pub(super) fn new(
-        stream: Stream,
+        answer: Answer,
         origin: Origin,
         connections: Arc<Connections>,
-        read: Vec<u8>,
-        head_length: usize,
-        head: &ResponseHead,
         checksum: Option<FullObjectChecksum>,
     ) -> Self {
         Self {
-            stream: Some(stream),
+            stream: Some(answer.stream),
             origin,
             connections,
-            early: read,
-            taken: head_length,
-            remaining: head.body_length.unwrap_or(0),
-            reusable: head.reusable,
+            early: answer.read,
+            taken: answer.head_length,
+            remaining: answer.head.body_length.unwrap_or(0),
+            reusable: answer.head.reusable,
             crc: checksum.map(|expected| (expected, expected.algorithm.digest())),
         }
     }
