@@ -7,13 +7,11 @@ use std::sync::Mutex;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
-use futures::FutureExt;
+use futures::{FutureExt, TryStreamExt};
 
 use super::checksum::{Algorithm, FullObjectChecksum};
 use super::list::ObjectEntry;
-use super::object_source::{
-    chunked_body, Body, GetResponse, ListPage, ObjectHead, ObjectRef, ObjectSource,
-};
+use super::object_source::{Body, GetResponse, ListPage, ObjectHead, ObjectRef, ObjectSource};
 use crate::error::{BoxError, HttpAnswer, SourceError, SourceErrorKind};
 
 /// Bytes per body chunk.
@@ -141,7 +139,8 @@ fn body(data: Bytes, cut: Option<usize>) -> Body {
         let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "connection reset");
         chunks.push(Err(Box::new(reset)));
     }
-    chunked_body(futures::stream::iter(chunks))
+    let chunks = futures::stream::iter(chunks).map_err(std::io::Error::other);
+    Box::pin(tokio_util::io::StreamReader::new(chunks))
 }
 
 impl ObjectSource for MemorySource {

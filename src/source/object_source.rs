@@ -9,25 +9,14 @@ use std::ops::Range;
 use std::pin::Pin;
 use std::time::SystemTime;
 
-use bytes::Bytes;
 use futures::future::BoxFuture;
-use futures::{Stream, TryStreamExt};
 use tokio::io::AsyncRead;
-use tokio_util::io::StreamReader;
 
 use super::checksum::FullObjectChecksum;
-use crate::error::{BoxError, SourceError};
+use crate::error::SourceError;
 
 /// A response body, read into the reader's buffer (straight from the socket on the lean path).
 pub(crate) type Body = Pin<Box<dyn AsyncRead + Send>>;
-
-/// A body that comes chunk by chunk, as a reader.
-pub(crate) fn chunked_body<S>(chunks: S) -> Body
-where
-    S: Stream<Item = Result<Bytes, BoxError>> + Send + 'static,
-{
-    Box::pin(StreamReader::new(chunks.map_err(std::io::Error::other)))
-}
 
 /// One object of the listing.
 #[derive(Clone, Debug)]

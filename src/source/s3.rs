@@ -4,7 +4,6 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::ChecksumMode;
 use futures::future::BoxFuture;
 use futures::FutureExt;
@@ -14,9 +13,7 @@ use super::client::{build_with_credentials, ClientSettings, Responses};
 use super::errors::classify;
 use super::lean::LeanGets;
 use super::list::ObjectEntry;
-use super::object_source::{
-    chunked_body, Body, GetResponse, ListPage, ObjectHead, ObjectRef, ObjectSource,
-};
+use super::object_source::{GetResponse, ListPage, ObjectHead, ObjectRef, ObjectSource};
 use crate::error::SourceError;
 use crate::error::SourceErrorKind;
 
@@ -68,13 +65,6 @@ impl S3Source {
 
 fn timestamp(t: Option<&aws_sdk_s3::primitives::DateTime>) -> Option<SystemTime> {
     t.and_then(|t| SystemTime::try_from(*t).ok())
-}
-
-fn body_stream(body: ByteStream) -> Body {
-    chunked_body(futures::stream::unfold(body, |mut body| async move {
-        let chunk = body.next().await?;
-        Some((chunk.map_err(Into::into), body))
-    }))
 }
 
 impl ObjectSource for S3Source {
@@ -191,7 +181,7 @@ impl ObjectSource for S3Source {
                 etag: response.e_tag().map(str::to_string),
                 content_range: response.content_range().map(str::to_string),
                 content_length: response.content_length(),
-                body: body_stream(response.body),
+                body: Box::pin(response.body.into_async_read()),
             })
         }
         .boxed()
