@@ -16,6 +16,8 @@ serves generated objects from memory (nothing is uploaded), so what the client c
 and per object is no longer buried under the server's CPU. W6 (ImageNet's train set in object
 count) runs only there. With --memory-limit each tool runs inside a memory cgroup of that size,
 as an init container does; its peak charge (page cache included) and OOM kills are reported.
+A hydrator run whose peak RSS is over --memory-bound (default 256 MiB, the README's promise)
+counts as failed, whatever it copied.
 With --https every tool also runs over TLS, as TOOL/https beside TOOL: the origin serves TLS
 itself (a CA made at its start), Garage sits behind Debian's nginx; the tools trust the CA
 through SSL_CERT_FILE (aws-cli: AWS_CA_BUNDLE), and the results go to RESULTS-*-https.md.
@@ -694,6 +696,11 @@ def run_matrix(args, tools, servers, work):
                     dest = args.dests.fresh(name.replace("/", "-"), workload)
                     cmd = command(tool, tools, workload, dest, False, None)
                 run = measure(cmd, env, log_path, server.pids, args.limit)
+                if run.ok and tool in hydrators and run.rss_kib > args.memory_bound // 1024:
+                    # The README's promise: memory does not grow with object size or count.
+                    run.ok = False
+                    run.note = (f"peak RSS {run.rss_kib / 1024:.0f} MiB over the "
+                                f"{args.memory_bound // MiB} MiB bound")
                 if run.ok and tool != "ceiling":
                     count, total = tree_size(dest)
                     if (count, total) != (workload.count, workload.total):
@@ -885,6 +892,10 @@ def main():
     parser.add_argument("--https", action="store_true",
                         help="also run every tool over HTTPS (the origin with --tls, or nginx "
                              "in front of Garage), as TOOL/https beside TOOL")
+    parser.add_argument("--memory-bound", metavar="SIZE", type=MemoryLimit.parse,
+                        default=256 * MiB,
+                        help="a hydrator run whose peak RSS is over SIZE fails (default 256M, "
+                             "the bound the README promises)")
     parser.add_argument("--memory-limit", metavar="SIZE",
                         help="run each tool in a memory cgroup of this size (e.g. 256M)")
     parser.add_argument("--results", type=Path,

@@ -465,6 +465,16 @@ pub struct SyncOptions {
         help_heading = "Filters"
     , value_parser = clap::builder::BoolishValueParser::new())]
     pub allow_empty: bool,
+    /// Check each object uploaded in one PUT against the MD5 its ETag states: an end-to-end
+    /// check where the server keeps no full-object checksum (MD5 costs more CPU than the rest
+    /// of a download; an object larger than one buffer is read back from disk for it).
+    #[arg(
+        long,
+        env = "HYDRATOR_CHECK_MD5",
+        hide_env_values = true,
+        help_heading = "Transfer"
+    , value_parser = clap::builder::BoolishValueParser::new())]
+    pub check_md5: bool,
 }
 
 #[derive(Debug, Args)]
@@ -583,6 +593,7 @@ impl SyncOptions {
             delete: self.delete,
             lock_timeout: self.lock_timeout.map(std::time::Duration::from_secs),
             allow_empty: self.allow_empty,
+            check_md5: self.check_md5,
             ..self.connection.apply(config)
         }
     }

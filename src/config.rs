@@ -97,6 +97,8 @@ pub(crate) struct SyncConfig {
     pub dry_run: bool,
     /// A selection that holds no object is a dataset, not a mistake (`--allow-empty`).
     pub allow_empty: bool,
+    /// Check single-PUT objects against their ETag's MD5 (`--check-md5`).
+    pub check_md5: bool,
 }
 
 impl SyncConfig {
@@ -129,6 +131,7 @@ impl SyncConfig {
             max_requests_per_second: None,
             dry_run: false,
             allow_empty: false,
+            check_md5: false,
         }
     }
 
@@ -240,6 +243,7 @@ pub(crate) struct SyncConfigBuilder {
     pub max_requests_per_second: Option<f64>,
     pub dry_run: bool,
     pub allow_empty: bool,
+    pub check_md5: bool,
 }
 
 impl SyncConfigBuilder {
@@ -280,6 +284,7 @@ impl SyncConfigBuilder {
             max_requests_per_second: self.max_requests_per_second,
             dry_run: self.dry_run,
             allow_empty: self.allow_empty,
+            check_md5: self.check_md5,
         };
         config.validate()?;
         Ok(config)

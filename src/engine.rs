@@ -20,6 +20,7 @@ mod ceiling;
 mod checkpoint;
 mod context;
 mod dry_run;
+mod etag_md5;
 mod limits;
 mod measure;
 mod object;

@@ -352,6 +352,12 @@ pub enum PartError {
         expected: u64,
         actual: u64,
     },
+    /// `--check-md5`: the object's bytes are not those its ETag's MD5 states. The object is
+    /// fetched again from scratch.
+    #[error(
+        "the bytes received do not match the MD5 of the ETag (expected {expected}, got {actual})"
+    )]
+    Md5Mismatch { expected: String, actual: String },
     #[error("write failed: {0}")]
     Write(#[from] WriteError),
     #[error(transparent)]
@@ -368,6 +374,8 @@ impl PartError {
         match self {
             PartError::Source(err) => err.remedy() == Remedy::Retry,
             PartError::Body(_) => true,
+            // Not the answer to this GET; the next attempt goes on another connection.
+            PartError::Protocol(ProtocolError::NoEtag) => true,
             _ => false,
         }
     }
@@ -425,6 +433,8 @@ pub enum ProtocolError {
     },
     #[error("the server ignored the Range header (no Content-Range in the response)")]
     RangeIgnored,
+    #[error("the answer to a GET carries no ETag, so it cannot be shown to be for this object")]
+    NoEtag,
 }
 
 /// A write of received bytes that failed.

@@ -30,6 +30,8 @@ pub(super) struct FetchCtx {
     pub stats: Arc<Stats>,
     /// Versions are pinned by a snapshot: a changed object is an error, not a restart.
     pub pinned: bool,
+    /// Check single-PUT objects against their ETag's MD5 (`--check-md5`).
+    pub check_md5: bool,
     /// The node's peers (`engine::peers`), tried first for large sealed objects.
     pub peers: Option<Arc<dyn crate::p2p::Peers>>,
 }

@@ -8,6 +8,8 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+#[cfg(test)]
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -15,10 +17,12 @@ use super::adaptive::Permit;
 use tokio::task::JoinSet;
 
 use super::context::Ctx;
+use super::etag_md5;
 use super::part::{fetch_into_memory, fetch_part, FetchedPart, PartTarget, Sink};
 use super::peers;
 use super::stats::Stats;
 use crate::error::{IoContext, LocalError, ObjectError, PartError};
+use crate::fs::{Dir, OFlags};
 use crate::hash::{merge_parts, PartDigest};
 use crate::manifest::{Completed, DurablePart, Manifest, ObjectState};
 use crate::plan::keys::RelPath;
@@ -86,7 +90,6 @@ pub(crate) async fn mirror_object(
         };
         match fetched {
             Ok(hash) => {
-                drop(slot);
                 if let Some(sealed) = entry.sealed.filter(|s| s != hash.as_bytes()) {
                     discard_partial(&ctx, &rel).await;
                     return Err(ObjectError::NotAsSealed {
@@ -97,9 +100,18 @@ pub(crate) async fn mirror_object(
                 let (key, etag) = (entry.key.clone(), object.etag.clone());
                 let committer = &ctx.write.committer;
                 let wanted = ctx.write.schedule.as_ref();
+                // The download slot goes as soon as the file is written (a batch's syncs would
+                // otherwise hold back the next downloads), once the file has a place to wait.
                 match wanted.is_some_and(|schedule| schedule.is_wanted(&entry.key)) {
-                    true => committer.publish_now(rel.clone(), key, etag, hash).await,
-                    false => committer.publish(rel.clone(), key, etag, hash).await,
+                    true => {
+                        drop(slot);
+                        committer.publish_now(rel.clone(), key, etag, hash).await
+                    }
+                    false => {
+                        let place = committer.reserve().await;
+                        drop(slot);
+                        committer.publish(place, rel.clone(), key, etag, hash).await
+                    }
                 }
                 .local("publishing", &rel)?;
                 return Ok(record(
@@ -108,7 +120,9 @@ pub(crate) async fn mirror_object(
                     FileStatus::Downloaded,
                 ));
             }
-            Err(err @ PartError::ChecksumMismatch { .. }) if restarts < MAX_OBJECT_RESTARTS => {
+            Err(err @ (PartError::ChecksumMismatch { .. } | PartError::Md5Mismatch { .. }))
+                if restarts < MAX_OBJECT_RESTARTS =>
+            {
                 restarts += 1;
                 Stats::add(&ctx.fetch.stats.object_restarts, 1);
                 tracing::warn!(key = %entry.key, "{err}; fetching it again");
@@ -162,6 +176,12 @@ struct InFlight<'a> {
 impl<'a> InFlight<'a> {
     fn adopt(ctx: &'a Ctx, key: &'a str, known: Option<ObjectState>) -> Self {
         ctx.write.manifest.adopt(key, known);
+        #[cfg(test)]
+        {
+            let stats = &ctx.fetch.stats;
+            let now = stats.objects_in_flight.fetch_add(1, Relaxed) + 1;
+            stats.most_objects_in_flight.fetch_max(now, Relaxed);
+        }
         Self { ctx, key }
     }
 }
@@ -169,6 +189,8 @@ impl<'a> InFlight<'a> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.ctx.write.manifest.release(self.key);
+        #[cfg(test)]
+        self.ctx.fetch.stats.objects_in_flight.fetch_sub(1, Relaxed);
     }
 }
 
@@ -259,8 +281,14 @@ async fn download(
         })
         .await?
     };
-    let file = Arc::new(file);
-    match fetch_all_parts(ctx, &object, &file, attempt, &resumed).await {
+    let (dir, file) = (Arc::new(dir), Arc::new(file));
+    let fetched = match fetch_all_parts(ctx, &object, &file, attempt, &resumed).await {
+        Ok(hash) => check_md5_of_file(ctx, &object, &dir, rel)
+            .await
+            .map(|()| hash),
+        Err(err) => Err(err),
+    };
+    match fetched {
         Ok(hash) => {
             let (size, direct) = (object.size, ctx.write.direct.large);
             let rel = rel.clone();
@@ -274,11 +302,15 @@ async fn download(
         Err(err) => {
             // Keep a partial file whose durable parts a later run can resume; drop one that has
             // none or holds another version.
-            let keep = !matches!(err, PartError::Changed | PartError::ChecksumMismatch { .. })
-                && ctx
-                    .write
-                    .manifest
-                    .inspect(&object.key, |o| o.is_some_and(|o| !o.parts.is_empty()));
+            let keep = !matches!(
+                err,
+                PartError::Changed
+                    | PartError::ChecksumMismatch { .. }
+                    | PartError::Md5Mismatch { .. }
+            ) && ctx
+                .write
+                .manifest
+                .inspect(&object.key, |o| o.is_some_and(|o| !o.parts.is_empty()));
             if !keep {
                 let partial = rel.partial_name();
                 let _ = blocking(move || dir.unlink(&partial).local("removing", &partial)).await;
@@ -305,6 +337,9 @@ async fn download_small(
         0 => (blake3::hash(b""), None),
         _ => {
             let (part, bytes) = fetch_into_memory(ctx, object, direct).await?;
+            if let Some(md5) = md5_to_check(ctx, object) {
+                etag_md5::check_bytes(md5, &bytes.as_slice()[..object.size as usize])?;
+            }
             let hash = merge_parts(&[part.digest], object.size, ctx.fetch.part_size);
             (hash, Some(bytes))
         }
@@ -344,6 +379,35 @@ async fn download_small(
     .await
     .map_err(|err| PartError::Task("filesystem task failed", err))?;
     written.map(|()| hash)
+}
+
+/// The MD5 to check `object` against: its ETag's, under `--check-md5`.
+fn md5_to_check(ctx: &Ctx, object: &PinnedObject) -> Option<[u8; 16]> {
+    ctx.fetch
+        .check_md5
+        .then(|| etag_md5::etag_md5(&object.etag))
+        .flatten()
+}
+
+/// Under `--check-md5`, reads the complete partial file in `dir` back and checks its MD5.
+async fn check_md5_of_file(
+    ctx: &Ctx,
+    object: &PinnedObject,
+    dir: &Arc<Dir>,
+    rel: &RelPath,
+) -> Result<(), PartError> {
+    let Some(md5) = md5_to_check(ctx, object) else {
+        return Ok(());
+    };
+    let (dir, rel, size) = (dir.clone(), rel.clone(), object.size);
+    let checked = blocking(move || {
+        let partial = rel.partial_name();
+        let file = dir
+            .open_file(&partial, OFlags::RDONLY | OFlags::NOFOLLOW)
+            .local("reading back", &partial)?;
+        etag_md5::check_file(md5, &file, size).local("reading back", &partial)
+    });
+    checked.await?
 }
 
 /// A new download attempt of `object` at `rel`, as the manifest records it.

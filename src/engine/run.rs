@@ -5,7 +5,7 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
@@ -125,6 +125,9 @@ pub(crate) struct Hooks {
     pub schedule: Option<Arc<Schedule>>,
     /// The node's peers, for the sealed objects large enough to be worth them.
     pub peers: Option<Arc<dyn crate::p2p::Peers>>,
+    /// Added to each durable batch: a disk slower than the network.
+    #[cfg(test)]
+    pub slow_disk: Duration,
 }
 
 /// Listed objects as they stream in, ending with an error if the listing broke.
@@ -265,7 +268,12 @@ async fn prepare(
     let dest = Arc::new(dest);
     let manifest = Arc::new(manifest);
     let checkpoints = Arc::new(Checkpoints::new(&dest).local("opening", &cfg.dest)?);
-    let committer = Committer::start(dest.clone(), manifest.clone()).local("opening", &cfg.dest)?;
+    #[cfg(not(test))]
+    let slow_disk = Duration::ZERO;
+    #[cfg(test)]
+    let slow_disk = hooks.slow_disk;
+    let committer =
+        Committer::start(dest.clone(), manifest.clone(), slow_disk).local("opening", &cfg.dest)?;
     let checkpointer = checkpoint::spawn(checkpoints.clone(), manifest.clone());
     let (budget, controller) = match hooks.budget {
         Some(budget) => (budget, None),
@@ -292,6 +300,7 @@ async fn prepare(
             rates: budget.rates,
             stats: hooks.stats,
             pinned: cfg.snapshot.is_some() || hooks.listing.is_some(),
+            check_md5: cfg.check_md5,
             peers: hooks.peers,
         },
         write: WriteCtx {

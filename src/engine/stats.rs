@@ -44,6 +44,12 @@ pub(crate) struct Stats {
     pub slot_wait_nanos: AtomicU64,
     /// The run's waits for the listing's next object.
     pub listing_wait_nanos: AtomicU64,
+    /// Objects whose task is running now, and the most at once (tests check both stay
+    /// bounded whatever the object count).
+    #[cfg(test)]
+    pub objects_in_flight: AtomicU64,
+    #[cfg(test)]
+    pub most_objects_in_flight: AtomicU64,
 }
 
 impl Stats {

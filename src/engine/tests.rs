@@ -214,3 +214,44 @@ async fn a_lying_content_range_fails_the_object_without_retrying() {
     assert!(fixture.path("fine.bin").exists());
     assert!(!fixture.path(".hydrator/READY").exists());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_waiting_for_a_slow_disk_are_bounded_whatever_their_count() {
+    // Downloads from memory outpace a disk whose batches take 200 ms more: finished files wait
+    // for their batch, and without a bound every object's task would wait with them.
+    const OBJECTS: usize = 4_000;
+    let fixture = Fixture::new(false);
+    for n in 0..OBJECTS {
+        fixture
+            .source
+            .put(&format!("d/{n:05}"), content(16, n as u8));
+    }
+    let cfg = SyncConfigBuilder {
+        concurrency: Concurrency::Fixed(4),
+        io_backend: IoBackendChoice::Pwrite,
+        progress: ProgressMode::None,
+        ..SyncConfig::builder(
+            S3Url {
+                bucket: "bucket".into(),
+                prefix: String::new(),
+            },
+            fixture.dest.path().to_path_buf(),
+        )
+    }
+    .build()
+    .expect("a valid config");
+    let stats = Arc::new(crate::engine::stats::Stats::default());
+    let hooks = Hooks {
+        source: Some(fixture.source.clone()),
+        stats: stats.clone(),
+        slow_disk: std::time::Duration::from_millis(200),
+        ..Default::default()
+    };
+    let outcome = run_with(cfg, hooks).await.expect("the run starts");
+    assert_eq!(outcome.exit, Exit::Success);
+    let most = stats
+        .most_objects_in_flight
+        .load(std::sync::atomic::Ordering::Relaxed);
+    // Object slots (4 × concurrency) and the files waiting for their batch (4 batches of 256).
+    assert!(most <= 16 + 1024, "{most} objects in flight at once");
+}

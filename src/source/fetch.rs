@@ -2,7 +2,9 @@
 //!
 //! Every GET carries `If-Match: <listing ETag>` and the response's ETag and `Content-Range` are
 //! checked too, because some servers ignore `If-Match`: a file is never stitched together from
-//! two versions of an object.
+//! two versions of an object. An answer without an ETag is not taken either: it cannot be shown
+//! to answer this GET (a broken proxy's late bytes on a reused connection read as the next
+//! answer, and carry none).
 
 use std::ops::Range;
 
@@ -41,8 +43,14 @@ pub(crate) async fn get_range(
 ) -> Result<Body, PartError> {
     let whole = range.start == 0 && range.end == object.size;
     let response = source.get(object.as_ref(), range.clone(), whole).await?;
-    if !object.etag.is_empty() && response.etag.as_ref().is_some_and(|e| *e != object.etag) {
-        return Err(PartError::Changed);
+    if !object.etag.is_empty() {
+        match &response.etag {
+            // Not an answer to this GET (every S3 server sends the ETag): bytes a broken proxy
+            // left on a reused connection, say. Another attempt, on another connection, can help.
+            None => return Err(ProtocolError::NoEtag.into()),
+            Some(etag) if *etag != object.etag => return Err(PartError::Changed),
+            Some(_) => {}
+        }
     }
     check_range(
         response.content_range.as_deref(),

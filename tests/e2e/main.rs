@@ -13,6 +13,7 @@ mod dry_run;
 mod fleet;
 mod front_door;
 mod https;
+mod memory;
 mod mount;
 mod p2p;
 mod soak;

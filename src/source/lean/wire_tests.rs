@@ -1,6 +1,6 @@
 //! The lean path's HTTP/1.1 against a server that answers as each test scripts it, byte for
-//! byte: connection reuse, a connection the server closed while idle, framing it refuses, and a
-//! body cut short.
+//! byte: connection reuse, a connection the server closed while idle, framing it refuses, a
+//! body cut short, and an answer that is not for the GET it arrives after.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -10,8 +10,11 @@ use tokio::net::TcpListener;
 
 use super::test_support::{lean_for, settings};
 use super::LeanGets;
+use crate::error::{PartError, ProtocolError};
 use crate::source::client::{Responses, StaticCredentials};
+use crate::source::fetch::{get_range, PinnedObject};
 use crate::source::object_source::ObjectRef;
+use crate::source::s3::S3Source;
 
 const BODY: &[u8] = b"0123456789abcdefghij";
 
@@ -234,4 +237,46 @@ async fn a_whole_object_whose_crc_is_not_the_servers_checksum_fails_at_its_end()
     let mut body = Vec::new();
     let err = response.body.read_to_end(&mut body).await.unwrap_err();
     assert!(err.to_string().contains("CRC32C"), "{err}");
+}
+
+#[tokio::test]
+async fn an_answer_without_an_etag_is_not_taken_for_the_object() {
+    // A broken proxy's bytes, late after the first answer, arrive as the second GET's answer:
+    // framed and plausible, of the right length, but not this object's (no ETag).
+    let (endpoint, _, _) = scripted(|n| Answer {
+        bytes: match n {
+            1 => b"HTTP/1.1 200 OK\r\ncontent-length: 20\r\n\r\nXXXXXXXXXXXXXXXXXXXX".to_vec(),
+            _ => [
+                &b"HTTP/1.1 200 OK\r\ncontent-length: 20\r\netag: \"e\"\r\n\r\n"[..],
+                BODY,
+            ]
+            .concat(),
+        },
+        then_close: false,
+    })
+    .await;
+    let credentials = StaticCredentials {
+        access_key: "a".to_string(),
+        secret_key: "b".to_string(),
+    };
+    let source = S3Source::for_settings(&settings(&endpoint, credentials), Arc::default()).await;
+    let object = PinnedObject {
+        bucket: "b".to_string(),
+        key: "k".to_string(),
+        etag: "\"e\"".to_string(),
+        size: BODY.len() as u64,
+        version_id: None,
+    };
+    let whole = 0..BODY.len() as u64;
+    let mut first = get_range(&source, &object, whole.clone()).await.unwrap();
+    let mut body = Vec::new();
+    first.read_to_end(&mut body).await.unwrap();
+    assert_eq!(body, BODY);
+    let second = get_range(&source, &object, whole).await;
+    assert!(
+        matches!(second, Err(PartError::Protocol(ProtocolError::NoEtag))),
+        "taken: {:?}",
+        second.map(|_| ())
+    );
+    assert!(PartError::Protocol(ProtocolError::NoEtag).is_retryable());
 }

@@ -54,6 +54,7 @@ pub mod keeper;
 pub mod moto;
 pub mod mount;
 pub mod nginx;
+pub mod origin;
 pub mod scheduler;
 pub mod seccomp;
 pub mod tls;

@@ -1,0 +1,108 @@
+//! Memory does not grow with the object count: the real binary mirrors a small and a large set
+//! of tiny objects from the in-process origin (`support::origin`, which keeps nothing per
+//! object), and its peak RSS, as the kernel counts it for the child (`wait4`'s `ru_maxrss`),
+//! may grow by no more than a fixed margin between the two, and stays within the bound the
+//! README promises. A run that kept a few KiB per object (a connection, a head buffer, a task)
+//! would grow by hundreds of MiB between them.
+
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::Arc;
+
+use crate::support::origin::{self, Origin, Set};
+use crate::support::{hydrator_command, temp_dest, S3Target};
+
+/// The objects of the small and the large run.
+const SMALL: u64 = 20_000;
+const LARGE: u64 = 160_000;
+/// What the large run may hold beyond the small one: nothing per object, so only noise (the
+/// manifest's and listing's fixed buffers, allocator slack). 140,000 objects more at even
+/// 1 KiB each would be 137 MiB.
+const MARGIN_MIB: u64 = 40;
+/// The README's promise: ImageNet's 1.28 million objects in a 256 MiB pod limit.
+const BOUND_MIB: u64 = 256;
+
+#[test]
+fn peak_memory_does_not_grow_with_the_object_count() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let sets = vec![
+        Set::parse(&format!("small={SMALL}x16")).unwrap(),
+        Set::parse(&format!("large={LARGE}x16")).unwrap(),
+    ];
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind(("127.0.0.1", 0)))
+        .unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    runtime.spawn(origin::serve(Arc::new(Origin::new(sets)), listener, None));
+    let target = S3Target {
+        endpoint,
+        region: "us-east-1".into(),
+        access_key: "unchecked".into(),
+        secret_key: "unchecked".into(),
+        bucket: origin::BUCKET.into(),
+    };
+    let small = peak_rss_mib(&target, "small", SMALL);
+    let large = peak_rss_mib(&target, "large", LARGE);
+    eprintln!("peak RSS: {small} MiB for {SMALL} objects, {large} MiB for {LARGE}");
+    assert!(
+        large <= small + MARGIN_MIB,
+        "peak RSS grew from {small} MiB ({SMALL} objects) to {large} MiB ({LARGE} objects)"
+    );
+    assert!(
+        large <= BOUND_MIB,
+        "peak RSS {large} MiB is over {BOUND_MIB} MiB"
+    );
+}
+
+/// The peak RSS in MiB of a cold `sync` of set `name`, which must mirror all `count` objects.
+fn peak_rss_mib(target: &S3Target, name: &str, count: u64) -> u64 {
+    let (_dir, dest) = temp_dest();
+    let mut command: Command = hydrator_command(target);
+    command
+        .arg("sync")
+        .arg(format!("s3://{}/{name}/", target.bucket))
+        .arg(&dest)
+        .args(["--endpoint-url", &target.endpoint, "--progress", "none"])
+        .env("HYDRATOR_PATH_STYLE", "true")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = command.spawn().expect("run hydrator");
+    let mut stderr = child.stderr.take().expect("piped");
+    let stderr = std::thread::spawn(move || {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut stderr, &mut text).map(|_| text)
+    });
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value for wait4 to fill in.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `pid` is our child, not yet waited for; `status` and `usage` outlive the call.
+    let waited = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(waited, pid, "wait4: {}", std::io::Error::last_os_error());
+    let status = ExitStatus::from_raw(status);
+    let stderr = stderr.join().unwrap().unwrap();
+    assert!(status.success(), "{name}: {status}\n{stderr}");
+    let files = walk_count(&dest);
+    assert_eq!(files, count, "{name}: files mirrored");
+    usage.ru_maxrss as u64 / 1024
+}
+
+/// Regular files under `dir`, hydrator's state directory left out.
+fn walk_count(dir: &std::path::Path) -> u64 {
+    let mut count = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_name() == ".hydrator" {
+            continue;
+        }
+        match entry.file_type().unwrap().is_dir() {
+            true => count += walk_count(&entry.path()),
+            false => count += 1,
+        }
+    }
+    count
+}
