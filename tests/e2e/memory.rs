@@ -14,10 +14,10 @@ use crate::support::{hydrator_command, temp_dest, S3Target};
 
 /// The objects of the small and the large run.
 const SMALL: u64 = 20_000;
-const LARGE: u64 = 160_000;
+const LARGE: u64 = 120_000;
 /// What the large run may hold beyond the small one: nothing per object, so only noise (the
-/// manifest's and listing's fixed buffers, allocator slack). 140,000 objects more at even
-/// 1 KiB each would be 137 MiB.
+/// manifest's and listing's fixed buffers, allocator slack). 100,000 objects more at even
+/// 1 KiB each would be 98 MiB.
 const MARGIN_MIB: u64 = 40;
 /// The README's promise: ImageNet's 1.28 million objects in a 256 MiB pod limit.
 const BOUND_MIB: u64 = 256;
