@@ -59,6 +59,8 @@ fn peak_memory_does_not_grow_with_the_object_count() {
 }
 
 /// The peak RSS in MiB of a cold `sync` of set `name`, which must mirror all `count` objects.
+// The child is reaped by `wait4`, which reports its peak RSS, not by `Child::wait`.
+#[allow(clippy::zombie_processes)]
 fn peak_rss_mib(target: &S3Target, name: &str, count: u64) -> u64 {
     let (_dir, dest) = temp_dest();
     let mut command: Command = hydrator_command(target);
