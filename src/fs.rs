@@ -126,21 +126,6 @@ impl Dir {
         )?)
     }
 
-    /// Moves `from` in this directory to `to` in `dir`, replacing what is there.
-    pub(crate) fn move_to(
-        &self,
-        from: impl AsRef<Path>,
-        dir: &Dir,
-        to: impl AsRef<Path>,
-    ) -> io::Result<()> {
-        Ok(rustix::fs::renameat(
-            &self.0,
-            from.as_ref(),
-            &dir.0,
-            to.as_ref(),
-        )?)
-    }
-
     /// Hard-links `name` here to the same name in `to`, never following a symlink.
     pub(crate) fn link_to(&self, name: impl AsRef<Path>, to: &Dir) -> io::Result<()> {
         let name = name.as_ref();

@@ -45,6 +45,8 @@ pub(crate) trait Peers: Send + Sync + 'static {
     fn min_size(&self) -> u64;
 
     /// Downloads `object` into `output`, a path that does not exist yet, on DEST's filesystem.
+    /// Only a regular file there is taken, and never itself: its bytes are reflinked or copied
+    /// into a file of hydrator's own. The future is dropped when the run stops.
     fn download<'a>(
         &'a self,
         object: &'a PinnedObject,
@@ -61,10 +63,14 @@ pub(crate) enum PeerError {
     Unfinished,
     #[error("the download could not be presigned: {0}")]
     Presign(String),
+    #[error("the peers delivered {found}, not a regular file")]
+    NotRegular { found: &'static str },
     #[error("the peers delivered {got} bytes of {size}")]
     WrongSize { got: u64, size: u64 },
     #[error("the peers delivered bytes whose BLAKE3 is {got}, not the sealed {sealed}")]
     NotAsSealed { sealed: String, got: String },
+    #[error("the run stopped while the peers' file was being taken")]
+    Abandoned,
     #[error("handling what the peers delivered: {0}")]
     Local(#[from] std::io::Error),
 }

@@ -2,14 +2,21 @@
 //! parts come through a broken body, a changed object, throttling and a lying server.
 
 use std::ops::Range;
+use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
+use futures::future::BoxFuture;
 
+use super::stats::Stats;
 use super::{run_with, Hooks, Outcome};
 use crate::config::{Concurrency, IoBackendChoice, ProgressMode, SyncConfig, SyncConfigBuilder};
 use crate::error::Exit;
+use crate::p2p::{PeerError, Peers};
+use crate::source::fetch::PinnedObject;
 use crate::source::memory::{Fault, MemorySource, Request};
+use crate::source::object_source::ObjectSource;
 use crate::source::url::S3Url;
 
 const MIB: usize = 1 << 20;
@@ -40,6 +47,40 @@ impl Fixture {
     }
 
     async fn sync(&self) -> Outcome {
+        let hooks = Hooks {
+            source: Some(self.source.clone()),
+            ..Default::default()
+        };
+        self.sync_with(hooks).await
+    }
+
+    /// A run of a sealed listing of what the store holds, sealed as `data` by key, with
+    /// `peers` tried first for every object.
+    async fn sync_sealed(
+        &self,
+        data: &[(&str, &Bytes)],
+        peers: Arc<dyn Peers>,
+    ) -> (Outcome, Arc<Stats>) {
+        let page = self.source.list_page("bucket", "", None).await.unwrap();
+        let (listed, listing) = tokio::sync::mpsc::channel(page.entries.len().max(1));
+        for mut entry in page.entries {
+            let (_, bytes) = data.iter().find(|(key, _)| *key == entry.key).unwrap();
+            entry.sealed = Some(*blake3::hash(bytes).as_bytes());
+            listed.send(Ok(entry)).await.unwrap();
+        }
+        drop(listed);
+        let stats = Arc::new(Stats::default());
+        let hooks = Hooks {
+            source: Some(self.source.clone()),
+            listing: Some(listing),
+            peers: Some(peers),
+            stats: stats.clone(),
+            ..Default::default()
+        };
+        (self.sync_with(hooks).await, stats)
+    }
+
+    async fn sync_with(&self, hooks: Hooks) -> Outcome {
         let cfg = SyncConfigBuilder {
             concurrency: Concurrency::Fixed(4),
             part_size: MIB as u64,
@@ -55,10 +96,6 @@ impl Fixture {
         }
         .build()
         .expect("a valid config");
-        let hooks = Hooks {
-            source: Some(self.source.clone()),
-            ..Default::default()
-        };
         run_with(cfg, hooks).await.expect("the run starts")
     }
 
@@ -254,4 +291,180 @@ async fn objects_waiting_for_a_slow_disk_are_bounded_whatever_their_count() {
         .load(std::sync::atomic::Ordering::Relaxed);
     // Object slots (4 × concurrency) and the files waiting for their batch (4 batches of 256).
     assert!(most <= 16 + 1024, "{most} objects in flight at once");
+}
+
+/// Peers that deliver every object by running `deliver` on the output path.
+struct ScriptedPeers<F>(F);
+
+impl<F: Fn(&Path) -> std::io::Result<()> + Send + Sync + 'static> Peers for ScriptedPeers<F> {
+    fn min_size(&self) -> u64 {
+        1
+    }
+
+    fn download<'a>(
+        &'a self,
+        _object: &'a PinnedObject,
+        output: &'a Path,
+    ) -> BoxFuture<'a, Result<(), PeerError>> {
+        let delivered = (self.0)(output).map_err(PeerError::Local);
+        Box::pin(async move { delivered })
+    }
+}
+
+fn scripted(
+    deliver: impl Fn(&Path) -> std::io::Result<()> + Send + Sync + 'static,
+) -> Arc<dyn Peers> {
+    Arc::new(ScriptedPeers(deliver))
+}
+
+/// The run took every object from the peers, and the store served no GET.
+fn all_from_peers(fixture: &Fixture, outcome: &Outcome, stats: &Stats, bytes: usize) {
+    assert_eq!(
+        outcome.exit,
+        Exit::Success,
+        "{:?}",
+        outcome.summary.failures
+    );
+    assert_eq!(Stats::get(&stats.peer_fallbacks), 0);
+    assert_eq!(Stats::get(&stats.bytes_from_peers), bytes as u64);
+    let gets = fixture.source.requests();
+    assert!(
+        !gets.iter().any(|r| matches!(r, Request::Get(..))),
+        "{gets:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_file_hard_linked_from_elsewhere_is_published_as_an_inode_of_our_own() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let fixture = Fixture::new(false);
+    let data = content(3 * MIB + 5, 12);
+    fixture.source.put("linked.bin", data.clone());
+    // The dfdaemon's storage, on DEST's filesystem: it hard-links its copy to the output.
+    let storage = tempfile::tempdir().unwrap();
+    let stored = storage.path().join("task");
+    std::fs::write(&stored, &data).unwrap();
+    let link_from = stored.clone();
+    let peers = scripted(move |output| std::fs::hard_link(&link_from, output));
+    let (outcome, stats) = fixture.sync_sealed(&[("linked.bin", &data)], peers).await;
+    all_from_peers(&fixture, &outcome, &stats, data.len());
+
+    // The dfdaemon writes to its copy later: the published file is another inode, unchanged.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&stored)
+        .unwrap()
+        .write_all_at(b"overwritten by the dfdaemon", 0)
+        .unwrap();
+    let published = fixture.path("linked.bin");
+    let hash = |path: &Path| blake3::hash(&std::fs::read(path).unwrap());
+    assert_eq!(
+        hash(&published),
+        blake3::hash(&data),
+        "changed by the dfdaemon's write"
+    );
+    let (ours, theirs) = (
+        std::fs::metadata(&published).unwrap(),
+        std::fs::metadata(&stored).unwrap(),
+    );
+    assert_ne!(ours.ino(), theirs.ino());
+    assert_eq!((ours.nlink(), theirs.nlink()), (1, 1));
+    // Nothing of what was delivered is left in the staging directory.
+    let staging = fixture.path(".hydrator/peers");
+    assert_eq!(std::fs::read_dir(staging).unwrap().count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_file_swapped_after_its_download_has_none_of_its_new_bytes_published() {
+    use rustix::fs::inotify;
+    let fixture = Fixture::new(false);
+    // Large enough that hashing it outlasts the swap by far.
+    let data = content(32 * MIB, 13);
+    fixture.source.put("swapped.bin", data.clone());
+    let elsewhere = tempfile::tempdir().unwrap();
+    let (good, other) = (
+        elsewhere.path().join("good"),
+        elsewhere.path().join("other"),
+    );
+    std::fs::write(&good, &data).unwrap();
+    let mut swapped_in = data.to_vec();
+    swapped_in[7] ^= 1;
+    std::fs::write(&other, &swapped_in).unwrap();
+    // The peer delivers the right bytes, then renames others over them as soon as hydrator
+    // opens what it delivered: every check hydrator makes after that open sees the new file
+    // under the old name.
+    let swapper = Arc::new(std::sync::Mutex::new(None));
+    let swapping = swapper.clone();
+    let peers = scripted(move |output| {
+        std::fs::rename(&good, output)?;
+        let watcher = inotify::init(inotify::CreateFlags::CLOEXEC)?;
+        let flags = inotify::WatchFlags::OPEN | inotify::WatchFlags::ONESHOT;
+        inotify::add_watch(&watcher, output, flags)?;
+        let (other, output) = (other.clone(), output.to_path_buf());
+        *swapping.lock().unwrap() = Some(std::thread::spawn(move || {
+            let mut buffer = [std::mem::MaybeUninit::uninit(); 1024];
+            inotify::Reader::new(&watcher, &mut buffer).next().unwrap();
+            std::fs::rename(&other, &output).unwrap();
+        }));
+        Ok(())
+    });
+    let (outcome, stats) = fixture.sync_sealed(&[("swapped.bin", &data)], peers).await;
+    let swapper = swapper.lock().unwrap().take().expect("delivered");
+    swapper.join().expect("the swap happened");
+    all_from_peers(&fixture, &outcome, &stats, data.len());
+    let published = std::fs::read(fixture.path("swapped.bin")).unwrap();
+    assert!(published == data, "the bytes swapped in were published");
+    fixture
+        .assert_mirrored(&outcome, "swapped.bin", &data)
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_from_the_peers_is_refused_at_once_and_the_object_comes_from_the_store() {
+    let fixture = Fixture::new(false);
+    let data = content(2 * MIB, 14);
+    fixture.source.put("fifo.bin", data.clone());
+    let fifo = Arc::new(std::sync::Mutex::new(None));
+    let delivered = fifo.clone();
+    let peers = scripted(move |output| {
+        *delivered.lock().unwrap() = Some(output.to_path_buf());
+        let mode = rustix::fs::Mode::from_raw_mode(0o600);
+        Ok(rustix::fs::mkfifoat(rustix::fs::CWD, output, mode)?)
+    });
+    let sealed = [("fifo.bin", &data)];
+    let run = fixture.sync_sealed(&sealed, peers);
+    let Ok((outcome, stats)) = tokio::time::timeout(Duration::from_secs(60), run).await else {
+        // A reader blocked in open() is let go by a writer, so that the test can end.
+        if let Some(fifo) = fifo.lock().unwrap().as_ref() {
+            let _ = std::fs::OpenOptions::new().write(true).open(fifo);
+        }
+        panic!("the run hung on the FIFO the peers delivered");
+    };
+    assert_eq!(Stats::get(&stats.peer_fallbacks), 1);
+    assert_eq!(Stats::get(&stats.bytes_from_peers), 0);
+    assert!(!fixture.gets("fifo.bin").is_empty());
+    fixture.assert_mirrored(&outcome, "fifo.bin", &data).await;
+    assert_eq!(
+        std::fs::read_dir(fixture.path(".hydrator/peers"))
+            .unwrap()
+            .count(),
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_symlink_from_the_peers_is_refused_even_to_the_right_bytes() {
+    let fixture = Fixture::new(false);
+    let data = content(MIB + 3, 15);
+    fixture.source.put("link.bin", data.clone());
+    let elsewhere = tempfile::tempdir().unwrap();
+    let target = elsewhere.path().join("right-bytes");
+    std::fs::write(&target, &data).unwrap();
+    let peers = scripted(move |output| std::os::unix::fs::symlink(&target, output));
+    let (outcome, stats) = fixture.sync_sealed(&[("link.bin", &data)], peers).await;
+    assert_eq!(Stats::get(&stats.peer_fallbacks), 1);
+    assert!(!fixture.gets("link.bin").is_empty());
+    fixture.assert_mirrored(&outcome, "link.bin", &data).await;
+    let published = std::fs::symlink_metadata(fixture.path("link.bin")).unwrap();
+    assert!(published.file_type().is_file());
 }

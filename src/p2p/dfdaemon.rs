@@ -1,9 +1,14 @@
 //! The node's `dfdaemon`, reached on its unix socket with one `DfdaemonDownload.DownloadTask`
 //! call per object: a presigned GET as the URL, the pinned ETag (and version) as the tag, the
 //! output written beside DEST (the dfdaemon hard-links its copy there when its storage is on the
-//! same filesystem, so the node keeps one copy), and back-to-source left to the scheduler: a
-//! dfdaemon that cannot reach its scheduler fails the download instead of reading the store
-//! itself, and hydrator's direct path takes the object under its own limits.
+//! same filesystem; `engine::peers` then reflinks or copies it into a file of hydrator's own),
+//! and back-to-source left to the scheduler: a dfdaemon that cannot reach its scheduler fails
+//! the download instead of reading the store itself, and hydrator's direct path takes the
+//! object under its own limits.
+//!
+//! No process is started: the call is a future on the daemon's runtime, bounded by the
+//! catalog's `timeout_seconds` and cancelled (its stream dropped) when the run stops, so a
+//! dfdaemon that never answers cannot hold a stopping daemon past its grace.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

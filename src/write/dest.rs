@@ -283,13 +283,14 @@ impl Dest {
     }
 
     /// Creates `.NAME.partial` next to `rel`'s final name, replacing whatever was there
-    /// (an earlier run's leftover, or a planted symlink) without following it.
+    /// (an earlier run's leftover, or a planted symlink) without following it. It is open for
+    /// reading too: a file made from the peers' is hashed through this descriptor.
     pub(crate) fn create_partial(&self, rel: &RelPath, direct_io: bool) -> io::Result<(Dir, File)> {
         let dir = self
             .open_parent(rel, true)?
             .expect("open_parent with create returns a directory");
         let name = rel.partial_name();
-        let flags = with_direct(OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL, direct_io);
+        let flags = with_direct(OFlags::RDWR | OFlags::CREATE | OFlags::EXCL, direct_io);
         // O_EXCL never follows what is at the name; only when something is there (rare) does
         // it cost an unlink and a second open.
         let created = match dir.open_file(&name, flags) {

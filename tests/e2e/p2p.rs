@@ -3,8 +3,11 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
 use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
 
 use crate::support::daemon::{catalog, dataset, Daemon, DatasetSpec};
 use crate::support::dfdaemon::{Dfdaemon, Mode};
@@ -137,6 +140,35 @@ fn two_nodes_take_the_large_objects_from_peers_and_the_store_serves_them_once() 
     let served = server.faults.object_bytes.load(Relaxed) - served_before;
     assert_eq!(served as usize, PEER_BYTES + 2 * direct);
 
+    // The dfdaemon hard-linked its storage's files to the outputs; each node published files
+    // of its own, which a later write to the dfdaemon's copy leaves as sealed.
+    let stored: Vec<PathBuf> = std::fs::read_dir(&dfdaemon.storage)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    assert_eq!(stored.len(), 2, "{stored:?}");
+    let stored_inodes: Vec<u64> = stored
+        .iter()
+        .map(|path| std::fs::metadata(path).unwrap().ino())
+        .collect();
+    for path in &stored {
+        let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+        file.write_all_at(b"written by the dfdaemon later", 0)
+            .unwrap();
+    }
+    for node in &nodes {
+        let snapshot = PathBuf::from(node.status("fleet")["path"].as_str().unwrap());
+        assert!(
+            read_tree(&snapshot) == all,
+            "changed by the dfdaemon's write"
+        );
+        for key in ["shards/000.tar", "shards/001.tar"] {
+            let published = std::fs::metadata(snapshot.join(key)).unwrap();
+            assert_eq!(published.nlink(), 1, "{key}");
+            assert!(!stored_inodes.contains(&published.ino()), "{key}");
+        }
+    }
+
     let requests = dfdaemon.requests();
     assert_eq!(requests.len(), 4, "two objects per node");
     let secret = &server.target.secret_key;
@@ -213,4 +245,98 @@ fn a_node_without_a_dfdaemon_hydrates_from_the_store() {
         "{}",
         daemon.log()
     );
+}
+
+#[test]
+fn a_fifo_from_the_dfdaemon_is_refused_the_objects_come_from_the_store_and_sigterm_ends_the_daemon()
+{
+    let Fleet {
+        server,
+        all,
+        dir,
+        sealed,
+    } = Fleet::seeded();
+    let dfdaemon = Dfdaemon::start(dir.path());
+    dfdaemon.set_mode(Mode::Fifo);
+    let home = dir.path().join("node");
+    std::fs::create_dir(&home).unwrap();
+    let daemon = node(&server, &home, &dfdaemon.socket, &sealed, &["fleet"]);
+    // Opening a FIFO plainly waits for a writer that never comes, and the thread stuck there
+    // keeps the daemon from exiting after SIGTERM: both bounded here, so that such a hang
+    // fails the test instead of hanging it.
+    let warmed = daemon.warm("fleet", &["--timeout", "30"]);
+    let ready = warmed.status.success().then(|| {
+        let snapshot = PathBuf::from(daemon.status("fleet")["path"].as_str().unwrap());
+        let fallbacks = daemon.metric("hydrator_peer_fallbacks_total");
+        let from_peers = daemon.metric("hydrator_bytes_from_peers_total");
+        (snapshot, fallbacks, from_peers)
+    });
+    let log_path = daemon.dir.join("daemon.log");
+    let (status, took) = terminate_within(daemon, Duration::from_secs(30));
+    assert!(
+        status.success() && took < Duration::from_secs(10),
+        "{status} after {took:?}"
+    );
+    let log = std::fs::read_to_string(log_path).unwrap();
+    let Some((snapshot, fallbacks, from_peers)) = ready else {
+        panic!("warm: {}\n{log}", String::from_utf8_lossy(&warmed.stderr));
+    };
+    assert!(read_tree(&snapshot) == all, "files differ from the seal");
+    assert_eq!((fallbacks, from_peers), (2.0, 0.0));
+    assert!(
+        log.contains("the peers delivered a FIFO, not a regular file"),
+        "{log}"
+    );
+    let leftovers = std::fs::read_dir(snapshot.join(".hydrator/peers"))
+        .unwrap()
+        .count();
+    assert_eq!(leftovers, 0);
+}
+
+#[test]
+fn sigterm_ends_the_daemon_within_its_grace_while_the_dfdaemon_never_answers() {
+    let Fleet {
+        server,
+        dir,
+        sealed,
+        ..
+    } = Fleet::seeded();
+    let dfdaemon = Dfdaemon::start(dir.path());
+    dfdaemon.set_mode(Mode::Hang);
+    let home = dir.path().join("node");
+    std::fs::create_dir(&home).unwrap();
+    let daemon = node(&server, &home, &dfdaemon.socket, &sealed, &["fleet"]);
+    let (code, body) = daemon.request("POST", "/v1/datasets/fleet/warm", "");
+    assert_eq!(code, 202, "{body}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while dfdaemon.requests().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "no download asked:\n{}",
+            daemon.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (status, took) = terminate_within(daemon, Duration::from_secs(30));
+    assert!(
+        status.success() && took < Duration::from_secs(10),
+        "{status} after {took:?}"
+    );
+}
+
+/// SIGTERM, then the exit status and how long the daemon took to go; a daemon still running
+/// after `limit` is killed and fails the test.
+fn terminate_within(mut daemon: Daemon, limit: Duration) -> (ExitStatus, Duration) {
+    let started = Instant::now();
+    daemon.signal(libc::SIGTERM);
+    loop {
+        if let Some(status) = daemon.child.try_wait().unwrap() {
+            return (status, started.elapsed());
+        }
+        if started.elapsed() > limit {
+            daemon.kill();
+            panic!("still running {limit:?} after SIGTERM:\n{}", daemon.log());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

@@ -3,8 +3,10 @@
 //! plays the whole peer network of one task: the first request for a task reads the presigned
 //! URL from the store (as the back-to-source peer does), later ones for the same task (the
 //! same URL without its signature, tag and application) get the copy it keeps, as a peer
-//! would. A mode makes it fail, corrupt or cut short what it delivers. The real dfdaemon is
-//! exercised by `tests/fleet.sh`.
+//! would. It keeps each task's bytes in a file of its storage and hard-links that file to the
+//! output path, as the dfdaemon does when its storage is on the output's filesystem. A mode
+//! makes it fail, corrupt or cut short what it delivers, deliver a FIFO, or never answer. The
+//! real dfdaemon is exercised by `tests/fleet.sh`.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -39,6 +41,10 @@ pub enum Mode {
     Short,
     /// Fails the call (its scheduler is unreachable and back-to-source is disabled).
     Fail,
+    /// Makes a FIFO at the output path, and says it finished.
+    Fifo,
+    /// Takes the call and never answers it.
+    Hang,
 }
 
 const PIECE: usize = 4 << 20;
@@ -48,12 +54,15 @@ struct State {
     mode: Mutex<Option<Mode>>,
     /// Every download asked for.
     requests: Mutex<Vec<Download>>,
-    /// Each task's bytes, read from the store once.
-    tasks: Mutex<HashMap<String, Bytes>>,
+    /// Each task's bytes, read from the store once, and the file of the storage holding them.
+    tasks: Mutex<HashMap<String, (Bytes, PathBuf)>>,
+    storage: PathBuf,
 }
 
 pub struct Dfdaemon {
     pub socket: PathBuf,
+    /// Where the delivered tasks' files are kept (on `dir`'s filesystem).
+    pub storage: PathBuf,
     state: Arc<State>,
     _runtime: tokio::runtime::Runtime,
 }
@@ -67,7 +76,12 @@ impl Dfdaemon {
             .build()
             .unwrap();
         let socket = dir.join("dfdaemon.sock");
-        let state = Arc::new(State::default());
+        let storage = dir.join("dfdaemon-storage");
+        std::fs::create_dir(&storage).unwrap();
+        let state = Arc::new(State {
+            storage: storage.clone(),
+            ..State::default()
+        });
         *state.mode.lock().unwrap() = Some(Mode::Deliver);
         let listener = {
             let _guard = runtime.enter();
@@ -83,6 +97,7 @@ impl Dfdaemon {
         );
         Self {
             socket,
+            storage,
             state,
             _runtime: runtime,
         }
@@ -114,17 +129,38 @@ impl DfdaemonDownload for Service {
             .ok_or_else(|| Status::invalid_argument("no download"))?;
         self.state.requests.lock().unwrap().push(download.clone());
         let mode = self.state.mode.lock().unwrap().expect("a mode");
-        if mode == Mode::Fail {
-            return Err(Status::unavailable("the scheduler cannot be reached"));
+        match mode {
+            Mode::Fail => return Err(Status::unavailable("the scheduler cannot be reached")),
+            Mode::Hang => {
+                return Ok(Response::new(Box::pin(futures::stream::pending::<
+                    Result<DownloadTaskResponse, Status>,
+                >())))
+            }
+            _ => {}
+        }
+        let output = download
+            .output_path
+            .as_deref()
+            .ok_or_else(|| Status::invalid_argument("no output path"))?;
+        let written = |e: std::io::Error| Status::internal(format!("writing {output}: {e}"));
+        if mode == Mode::Fifo {
+            let fifo = rustix::fs::Mode::from_raw_mode(0o644);
+            rustix::fs::mkfifoat(rustix::fs::CWD, output, fifo).map_err(|e| written(e.into()))?;
+            return Ok(Response::new(Box::pin(futures::stream::iter(
+                answers(1).into_iter().map(Ok),
+            ))));
         }
         let task = task_id(&download);
         let known = self.state.tasks.lock().unwrap().get(&task).cloned();
-        let bytes = match known {
-            Some(bytes) => bytes,
+        let (bytes, stored) = match known {
+            Some(known) => known,
             None => {
                 let bytes = back_to_source(&download).await?;
-                self.state.tasks.lock().unwrap().insert(task, bytes.clone());
-                bytes
+                let mut tasks = self.state.tasks.lock().unwrap();
+                let stored = self.state.storage.join(tasks.len().to_string());
+                std::fs::write(&stored, &bytes).map_err(written)?;
+                tasks.insert(task, (bytes.clone(), stored.clone()));
+                (bytes, stored)
             }
         };
         let mut delivered = bytes.to_vec();
@@ -133,19 +169,18 @@ impl DfdaemonDownload for Service {
             Mode::Short => {
                 delivered.pop();
             }
-            Mode::Deliver | Mode::Fail => {}
+            Mode::Deliver | Mode::Fail | Mode::Fifo | Mode::Hang => {}
         }
-        let output = download
-            .output_path
-            .as_deref()
-            .ok_or_else(|| Status::invalid_argument("no output path"))?;
         // As the dfdaemon: the output must not exist unless `overwrite`.
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(output)
-            .and_then(|mut file| std::io::Write::write_all(&mut file, &delivered))
-            .map_err(|e| Status::internal(format!("writing {output}: {e}")))?;
+        match mode {
+            Mode::Deliver => std::fs::hard_link(&stored, output),
+            _ => std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(output)
+                .and_then(|mut file| std::io::Write::write_all(&mut file, &delivered)),
+        }
+        .map_err(written)?;
         Ok(Response::new(Box::pin(futures::stream::iter(
             answers(bytes.len()).into_iter().map(Ok),
         ))))
