@@ -304,7 +304,13 @@ impl Listeners {
         let mut socket = None;
         if let Some((listener, path)) = self.unix {
             let app = api::router(daemon.clone(), false);
-            tasks.push(spawn_server(listener, app, header_timeout, &shutdown));
+            tasks.push(spawn_server(
+                daemon,
+                listener,
+                app,
+                header_timeout,
+                &shutdown,
+            ));
             tracing::info!("listening on unix:{}", path.display());
             socket = Some(path);
         }
@@ -313,14 +319,26 @@ impl Listeners {
                 tracing::info!("listening on http://{addr} (bearer token required)");
             }
             let app = api::router(daemon.clone(), true);
-            tasks.push(spawn_server(listener, app, header_timeout, &shutdown));
+            tasks.push(spawn_server(
+                daemon,
+                listener,
+                app,
+                header_timeout,
+                &shutdown,
+            ));
         }
         if let Some(listener) = self.probes {
             if let Ok(addr) = listener.local_addr() {
                 tracing::info!("probes and metrics on http://{addr}");
             }
             let app = api::probes_router(daemon.clone());
-            tasks.push(spawn_server(listener, app, header_timeout, &shutdown));
+            tasks.push(spawn_server(
+                daemon,
+                listener,
+                app,
+                header_timeout,
+                &shutdown,
+            ));
         }
         Servers {
             tasks,
@@ -342,6 +360,7 @@ async fn bind_tcp(
 }
 
 fn spawn_server<L>(
+    daemon: &Arc<Daemon>,
     listener: L,
     app: axum::Router,
     header_timeout: std::time::Duration,
@@ -351,10 +370,14 @@ where
     L: axum::serve::Listener,
     L::Io: identity::Peer,
 {
+    let daemon = daemon.clone();
+    let is_admin: serve::IsAdmin =
+        Arc::new(move |caller: &str| daemon.catalog().listen.admins.contains(caller));
     tokio::spawn(serve::serve(
         listener,
         app,
         header_timeout,
+        is_admin,
         shutdown.subscribe(),
     ))
 }
