@@ -21,6 +21,7 @@ pub(crate) mod catalog;
 mod error;
 mod evict;
 mod flight;
+mod holder;
 mod identity;
 mod link;
 pub(crate) mod metrics;

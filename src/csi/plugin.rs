@@ -633,6 +633,7 @@ impl Plugin {
             ttl_seconds: None,
             snapshot: Some(volume.snapshot.clone()),
             until_released: true,
+            pod: Some(volume.pod().to_string()),
         };
         let body = serde_json::to_vec(&request).expect("a lease request serialises");
         let (code, answer) = self

@@ -698,8 +698,16 @@ fn one_identity_cannot_take_the_leases_the_csi_plugin_needs() {
     csi.publish(&volume("vol-1", "uid-1", "full", &target))
         .expect("the admin's quarter is free");
     assert_eq!(read_tree(&target), expected);
-    // Holder names that print as something else are refused.
-    for hidden in ["job%E2%80%AEevil", "job%E2%80%8B", "job%EF%BB%BF"] {
+    // Holder names that print as something else are refused: bidi, zero-width and every other
+    // format character (an Arabic letter mark, an invisible tag letter, a soft hyphen).
+    for hidden in [
+        "job%E2%80%AEevil",
+        "job%E2%80%8B",
+        "job%EF%BB%BF",
+        "job%D8%9C",
+        "job%F3%A0%81%81",
+        "job%C2%AD",
+    ] {
         let path = format!("/v1/datasets/full/leases/{hidden}");
         assert_eq!(
             daemon.tcp_request("PUT", &path, "", TOKEN).0,
@@ -707,6 +715,49 @@ fn one_identity_cannot_take_the_leases_the_csi_plugin_needs() {
             "{hidden}"
         );
     }
+}
+
+#[test]
+fn one_pod_with_many_volumes_holds_its_share_of_the_leases_and_other_pods_still_mount() {
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    let expected = files(&[("x.bin", content(101, 1000))]);
+    server.seed("many/", &expected);
+    let text = csi_catalog(dir.path(), &server, "1GiB", &["many"]).replace(
+        "[cache]\n",
+        "[cache]\nmax_leases_per_dataset = 8\nmax_leases_per_identity = 2\n",
+    );
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    assert!(
+        daemon.warm("many", &[]).status.success(),
+        "{}",
+        daemon.log()
+    );
+    let csi = Csi::start(dir.path(), &daemon);
+    // One pod with eight inline volumes of the dataset: its share is two.
+    let ids: Vec<String> = (0..8).map(|i| format!("vol-a{i}")).collect();
+    let published: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            let target = dir.path().join(format!("pods/uid-a/volumes/{id}/mount"));
+            csi.publish(&volume(id, "uid-a", "many", &target))
+                .map_err(|status| status.code())
+        })
+        .collect();
+    let exhausted = Err(tonic::Code::ResourceExhausted);
+    assert_eq!(published[..2], [Ok(()), Ok(())]);
+    assert!(
+        published[2..].iter().all(|p| *p == exhausted),
+        "{published:?}"
+    );
+    // Another pod mounts the dataset all the same.
+    let other = dir.path().join("pods/uid-b/volumes/vol-b/mount");
+    csi.publish(&volume("vol-b", "uid-b", "many", &other))
+        .expect("the first pod holds its share, not the table");
+    assert_eq!(read_tree(&other), expected);
+    let held = leases(&daemon);
+    let pods: Vec<_> = held.iter().map(|l| l["pod"].as_str().unwrap()).collect();
+    assert_eq!(pods, ["uid-a", "uid-a", "uid-b"], "{held:?}");
 }
 
 #[test]
