@@ -104,6 +104,14 @@ impl Target {
         }
     }
 
+    /// Whether the topmost mount on it is a bind of snapshot `digest` (a ready snapshot bound
+    /// over a lazy view, or a plain publish), not a FUSE view.
+    pub(crate) fn shows_snapshot(&self, digest: &str) -> io::Result<bool> {
+        Ok(self.top_mount()?.is_some_and(|top| {
+            !top.fs_type.starts_with("fuse") && top.root.rsplit('/').next() == Some(digest)
+        }))
+    }
+
     /// Nothing there yet, or a directory: anything else (a symlink, a file) is refused.
     pub(crate) fn check(&self) -> io::Result<()> {
         match self.kind()? {

@@ -391,6 +391,16 @@ fn a_lazy_volume_starts_while_the_dataset_hydrates_and_the_next_pod_after_ready_
     assert_eq!(read_tree(&early), shards, "the first pod reads on");
     csi.publish(&volume("vol-1", "uid-1", "lazy", &early))
         .expect("idempotent");
+    // A restart of the plugin ends the view underneath, not the snapshot bound over it: the
+    // volume reads on and is reported normal.
+    csi.kill_and_restart(Duration::ZERO);
+    assert_eq!(read_tree(&early), shards, "the first pod reads on");
+    let condition = csi
+        .volume_stats("vol-1", &early)
+        .unwrap()
+        .volume_condition
+        .unwrap();
+    assert!(!condition.abnormal, "{condition:?}");
 
     for (id, target) in [("vol-1", &early), ("vol-2", &late)] {
         csi.unpublish(id, target).unwrap();
