@@ -41,7 +41,7 @@ use super::proto::{
     volume_capability::AccessType, volume_usage, NodePublishVolumeRequest, VolumeCondition,
     VolumeUsage,
 };
-use super::target::Target;
+use super::target::{self, Target};
 use super::volumes::{self, Volume, Volumes};
 use crate::daemon::catalog::Start;
 use crate::daemon::protocol::{
@@ -354,6 +354,15 @@ impl Plugin {
             }
             // Its parent is gone: nothing is mounted there.
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            // The plugin mounts only through real directories: nothing of a volume it never
+            // published is there, and the symlink is not followed (an answer the kubelet's
+            // retries get the same).
+            Err(err) if target::through_symlink(&err) && record.is_none() => {
+                tracing::warn!(volume = %id, "unpublishing: {err}; nothing of the plugin's is there");
+            }
+            Err(err) if target::through_symlink(&err) => {
+                return Err(Status::failed_precondition(err.to_string()))
+            }
             Err(err) => return Err(local(err)),
         }
         self.serving_mut().remove(id);

@@ -41,12 +41,22 @@ fn no_symlinks() -> ResolveFlags {
     ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS
 }
 
+/// A target whose way from the pods directory holds a symlink (or leaves it): never followed.
+#[derive(Debug, thiserror::Error)]
+#[error("{} is reached through a symlink or another mount: refused", .0.display())]
+pub(crate) struct ThroughSymlink(PathBuf);
+
+/// Whether `err` is a [`ThroughSymlink`] refusal.
+pub(crate) fn through_symlink(err: &io::Error) -> bool {
+    err.get_ref()
+        .is_some_and(|inner| inner.is::<ThroughSymlink>())
+}
+
 fn refused(path: &Path, err: rustix::io::Errno) -> io::Error {
     match err {
-        rustix::io::Errno::LOOP | rustix::io::Errno::XDEV => io::Error::other(format!(
-            "{} is reached through a symlink or another mount: refused",
-            path.display()
-        )),
+        rustix::io::Errno::LOOP | rustix::io::Errno::XDEV => {
+            io::Error::other(ThroughSymlink(path.to_path_buf()))
+        }
         err => err.into(),
     }
 }
@@ -161,10 +171,11 @@ impl Target {
         Ok(rustix::mount::unmount(&at, UnmountFlags::NOFOLLOW)?)
     }
 
-    /// Removes the (empty, unmounted) directory; a target already gone is fine.
+    /// Removes the (empty, unmounted) directory; a target already gone is fine, and a symlink
+    /// or a file in its place is not the plugin's: left alone, never followed.
     pub(crate) fn remove_dir(&self) -> io::Result<()> {
         match rustix::fs::unlinkat(&self.parent, &self.name, AtFlags::REMOVEDIR) {
-            Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+            Ok(()) | Err(rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR) => Ok(()),
             Err(err) => Err(err.into()),
         }
     }
