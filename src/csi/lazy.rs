@@ -15,6 +15,7 @@
 //!   daemon does not: opens wait for the daemon to come back (and resume the hydration, which a
 //!   lazy volume's lease keeps), for at most [`PATIENCE`].
 
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -69,9 +70,10 @@ pub(crate) async fn publish(
     let view = LazyView::new(Arc::new(tree), Arc::new(wants), Dest::open(dir)?, true);
     target.create_dir()?;
     let fsname = format!("hydrator:{dataset}");
-    let (_unmounter, _ended) = crate::mount::serve(view, target.pin()?.path(), fsname, true)
+    let pinned = target.pin()?;
+    crate::mount::pinned::serve(view, pinned.as_fd(), fsname, true)
         .await
-        .map_err(|err| std::io::Error::other(err.to_string()))?;
+        .map_err(std::io::Error::other)?;
     Ok(())
 }
 

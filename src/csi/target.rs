@@ -11,7 +11,7 @@
 
 use std::ffi::OsString;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
@@ -27,13 +27,19 @@ pub(crate) struct Target {
 
 /// A directory held open, and the path that names exactly it while held.
 pub(crate) struct Pinned {
-    _fd: OwnedFd,
+    fd: OwnedFd,
     path: PathBuf,
 }
 
 impl Pinned {
     pub(crate) fn path(&self) -> &Path {
         &self.path
+    }
+}
+
+impl AsFd for Pinned {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
     }
 }
 
@@ -148,7 +154,7 @@ impl Target {
         let fd = rustix::fs::openat(&self.parent, &self.name, flags, Mode::empty())
             .map_err(|err| refused(&self.path, err))?;
         let path = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
-        Ok(Pinned { _fd: fd, path })
+        Ok(Pinned { fd, path })
     }
 
     /// Bind-mounts `source` on it (created if missing), read-only. The bind goes on the pinned
