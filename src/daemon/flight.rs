@@ -23,7 +23,7 @@ use crate::config::SyncConfig;
 use crate::engine::{self, schedule::Schedule, stats::Stats, Hooks};
 use crate::error::{Exit, IoContext, SyncError};
 use crate::p2p::dfdaemon::Dfdaemon;
-use crate::plan::keys::{plan_key, KeyPlan};
+use crate::plan::keys::{plan_key, KeyPlan, Placement};
 use crate::snapshot::{self, Snapshot};
 use crate::source::client;
 use crate::write::dest::Dest;
@@ -268,13 +268,17 @@ async fn hydrate(
     }
     flight.set_phase(Phase::Reserving);
     super::evict::reserve(daemon, flight, snapshot.bytes - linked.bytes).await?;
-    let schedule = flight.schedule.get_or_init(|| {
-        let files = snapshot
-            .entries
-            .iter()
-            .filter(|e| matches!(plan_key(&snapshot.prefix, &e.key, e.size), KeyPlan::File(_)));
-        Arc::new(Schedule::new(files.map(|e| e.key.clone())))
-    });
+    let schedule =
+        flight.schedule.get_or_init(|| {
+            let mut placement = Placement::default();
+            let files = snapshot.entries.iter().filter(|e| {
+                match plan_key(&snapshot.prefix, &e.key, e.size) {
+                    KeyPlan::File(rel) => placement.place(&rel).is_ok(),
+                    _ => false,
+                }
+            });
+            Arc::new(Schedule::new(files.map(|e| e.key.clone())))
+        });
     flight.set_phase(Phase::Downloading);
     let catalog = daemon.catalog();
     let peers = match (dataset.p2p, &catalog.p2p) {
