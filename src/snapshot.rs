@@ -172,7 +172,7 @@ pub(crate) fn read(path: &Path) -> Result<Snapshot, UsageError> {
             snapshot.version
         )));
     }
-    check_seals(&snapshot).map_err(bad)?;
+    check_seals(&snapshot).map_err(|err| bad(err.to_string()))?;
     if digest(&snapshot.entries) != snapshot.digest {
         return Err(bad(
             "its digest does not match its entries (edited or damaged)".into(),
@@ -186,8 +186,16 @@ pub(crate) fn read(path: &Path) -> Result<Snapshot, UsageError> {
     Ok(snapshot)
 }
 
+/// An entry whose seal does not fit its snapshot's format.
+#[derive(Debug, thiserror::Error)]
+#[error("key {key:?}: its blake3 is missing or malformed for format version {version}")]
+struct BadSeal {
+    key: String,
+    version: u32,
+}
+
 /// A sealed snapshot seals each of its files with a well-formed hash, and an unsealed one none.
-fn check_seals(snapshot: &Snapshot) -> Result<(), String> {
+fn check_seals(snapshot: &Snapshot) -> Result<(), BadSeal> {
     for entry in &snapshot.entries {
         let is_file = matches!(
             plan_key(&snapshot.prefix, &entry.key, entry.size),
@@ -202,10 +210,10 @@ fn check_seals(snapshot: &Snapshot) -> Result<(), String> {
             _ => well_formed || (!is_file && entry.blake3.is_none()),
         };
         if !fits {
-            return Err(format!(
-                "key {:?}: its blake3 is missing or malformed for format version {}",
-                entry.key, snapshot.version
-            ));
+            return Err(BadSeal {
+                key: entry.key.clone(),
+                version: snapshot.version,
+            });
         }
     }
     Ok(())
@@ -276,7 +284,9 @@ mod tests {
         let dir_marker = || entry("p/dir/", None);
         assert!(check_seals(&snapshot(vec![entry("p/a", Some(&hash)), dir_marker()], 2)).is_ok());
         assert!(check_seals(&snapshot(vec![entry("p/a", None)], 1)).is_ok());
-        let unsealed_file = check_seals(&snapshot(vec![entry("p/a", None)], 2)).unwrap_err();
+        let unsealed_file = check_seals(&snapshot(vec![entry("p/a", None)], 2))
+            .unwrap_err()
+            .to_string();
         assert!(unsealed_file.contains("\"p/a\""), "{unsealed_file}");
         assert!(check_seals(&snapshot(vec![entry("p/a", Some("beef"))], 2)).is_err());
         assert!(check_seals(&snapshot(vec![entry("p/a", Some(&hash))], 1)).is_err());

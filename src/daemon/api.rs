@@ -233,7 +233,7 @@ async fn warm(
     }
     if let Some(pod) = &request.pod {
         if let Err(why) = dataset.access.check(&name, pod) {
-            return error(StatusCode::FORBIDDEN, why);
+            return error(StatusCode::FORBIDDEN, why.to_string());
         }
     }
     let lazy = dataset.start == Start::Lazy;
