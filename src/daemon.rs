@@ -32,7 +32,6 @@ mod saver;
 mod serve;
 pub(crate) mod space;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
@@ -99,26 +98,21 @@ impl Daemon {
     pub(crate) fn render_metrics(&self) -> String {
         let catalog = self.catalog();
         let registry = self.registry();
-        let mut by_state: BTreeMap<_, u64> = protocol::State::ALL
-            .iter()
-            .map(|&state| (state, 0))
-            .collect();
-        for name in catalog.datasets.keys() {
-            *by_state
-                .entry(registry.status(&self.root, name).state)
-                .or_default() += 1;
-        }
-        let running: u64 = registry
+        let datasets = catalog
             .datasets
-            .values()
-            .filter_map(|e| e.flight.as_ref())
-            .map(|f| Stats::get(&f.stats.bytes_received))
-            .sum();
+            .keys()
+            .map(|name| metrics::DatasetNow {
+                name,
+                state: registry.status(&self.root, name).state,
+                bytes_fetching: (registry.datasets.get(name))
+                    .and_then(|entry| entry.flight.as_ref())
+                    .map_or(0, |flight| Stats::get(&flight.stats.bytes_received)),
+            })
+            .collect();
         let requests = self.budget.slots.responses.by_operation();
         self.metrics.render(&metrics::Snapshot {
-            bytes_fetched_running: running,
             capacity: catalog.cache.quota,
-            datasets_by_state: by_state,
+            datasets,
             leases: registry.live_leases(registry::now_unix()).count(),
             s3_requests: &requests,
             io_backend: &self.io_backend,

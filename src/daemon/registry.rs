@@ -128,6 +128,8 @@ pub(crate) struct DatasetEntry {
     /// Bumped whenever its directory changes (a hydration ended, a snapshot was evicted), so a
     /// measurement taken before is not stored.
     pub disk_generation: u64,
+    /// Whether the log said that its server does not list object versions (once is enough).
+    pub unversioned_said: bool,
 }
 
 /// A dataset directory's disk use, measured in one walk.

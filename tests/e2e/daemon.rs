@@ -1536,3 +1536,46 @@ fn a_dataset_whose_last_snapshot_was_evicted_hydrates_at_once_whatever_its_refre
     let again = daemon.warm("a", &[]);
     assert_ok(&again, &daemon);
 }
+
+#[test]
+fn a_server_that_lists_no_versions_is_said_once_per_dataset_and_metrics_name_the_dataset() {
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    server.seed("nv-a/", &files(&[("x.bin", content(30, 100))]));
+    server.seed("nv-b/", &files(&[("y.bin", content(31, 200))]));
+    // Listed again at every warm: three refreshes of each.
+    let text = catalog(
+        dir.path(),
+        &server.target,
+        "1GiB",
+        "",
+        &[dataset("nv-a", "nv-a/"), dataset("nv-b", "nv-b/")],
+    );
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    for _ in 0..3 {
+        for name in ["nv-a", "nv-b"] {
+            assert_ok(&daemon.warm(name, &[]), &daemon);
+        }
+    }
+    let log = daemon.log();
+    let said: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("does not list object versions"))
+        .collect();
+    assert_eq!(said.len(), 2, "once per dataset:\n{log}");
+    assert!(said.iter().any(|l| l.contains("nv-a")), "{said:?}");
+    assert!(said.iter().any(|l| l.contains("nv-b")), "{said:?}");
+    // Each dataset's own series.
+    let fetched = |name: &str| {
+        daemon.metric(&format!(
+            "hydrator_bytes_fetched_total{{dataset=\"{name}\"}}"
+        ))
+    };
+    assert_eq!((fetched("nv-a"), fetched("nv-b")), (100.0, 200.0));
+    let complete = daemon.metric("hydrator_hydrations_total{dataset=\"nv-b\",result=\"complete\"}");
+    assert_eq!(complete, 3.0);
+    assert_eq!(
+        daemon.metric("hydrator_datasets{dataset=\"nv-a\",state=\"ready\"}"),
+        1.0
+    );
+}
