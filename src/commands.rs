@@ -171,7 +171,11 @@ async fn snapshot(args: SnapshotArgs) -> Result<Exit, SyncError> {
         Some(file) => snapshot::read(file)?,
         None => {
             let client = client::build(settings, Default::default()).await;
-            snapshot::create(client, &url, settings).await?
+            let created = snapshot::create(client, &url, settings).await?;
+            if let Some(unversioned) = &created.unversioned {
+                tracing::warn!("{unversioned}");
+            }
+            created.snapshot
         }
     };
     if snapshot.url() != url {

@@ -21,6 +21,7 @@ pub(crate) mod catalog;
 mod error;
 mod evict;
 mod flight;
+mod holder;
 mod identity;
 mod link;
 pub(crate) mod metrics;
@@ -31,7 +32,6 @@ mod saver;
 mod serve;
 pub(crate) mod space;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
@@ -98,26 +98,21 @@ impl Daemon {
     pub(crate) fn render_metrics(&self) -> String {
         let catalog = self.catalog();
         let registry = self.registry();
-        let mut by_state: BTreeMap<_, u64> = protocol::State::ALL
-            .iter()
-            .map(|&state| (state, 0))
-            .collect();
-        for name in catalog.datasets.keys() {
-            *by_state
-                .entry(registry.status(&self.root, name).state)
-                .or_default() += 1;
-        }
-        let running: u64 = registry
+        let datasets = catalog
             .datasets
-            .values()
-            .filter_map(|e| e.flight.as_ref())
-            .map(|f| Stats::get(&f.stats.bytes_received))
-            .sum();
+            .keys()
+            .map(|name| metrics::DatasetNow {
+                name,
+                state: registry.status(&self.root, name).state,
+                bytes_fetching: (registry.datasets.get(name))
+                    .and_then(|entry| entry.flight.as_ref())
+                    .map_or(0, |flight| Stats::get(&flight.stats.bytes_received)),
+            })
+            .collect();
         let requests = self.budget.slots.responses.by_operation();
         self.metrics.render(&metrics::Snapshot {
-            bytes_fetched_running: running,
             capacity: catalog.cache.quota,
-            datasets_by_state: by_state,
+            datasets,
             leases: registry.live_leases(registry::now_unix()).count(),
             s3_requests: &requests,
             io_backend: &self.io_backend,
@@ -304,7 +299,13 @@ impl Listeners {
         let mut socket = None;
         if let Some((listener, path)) = self.unix {
             let app = api::router(daemon.clone(), false);
-            tasks.push(spawn_server(listener, app, header_timeout, &shutdown));
+            tasks.push(spawn_server(
+                daemon,
+                listener,
+                app,
+                header_timeout,
+                &shutdown,
+            ));
             tracing::info!("listening on unix:{}", path.display());
             socket = Some(path);
         }
@@ -313,14 +314,26 @@ impl Listeners {
                 tracing::info!("listening on http://{addr} (bearer token required)");
             }
             let app = api::router(daemon.clone(), true);
-            tasks.push(spawn_server(listener, app, header_timeout, &shutdown));
+            tasks.push(spawn_server(
+                daemon,
+                listener,
+                app,
+                header_timeout,
+                &shutdown,
+            ));
         }
         if let Some(listener) = self.probes {
             if let Ok(addr) = listener.local_addr() {
                 tracing::info!("probes and metrics on http://{addr}");
             }
             let app = api::probes_router(daemon.clone());
-            tasks.push(spawn_server(listener, app, header_timeout, &shutdown));
+            tasks.push(spawn_server(
+                daemon,
+                listener,
+                app,
+                header_timeout,
+                &shutdown,
+            ));
         }
         Servers {
             tasks,
@@ -342,6 +355,7 @@ async fn bind_tcp(
 }
 
 fn spawn_server<L>(
+    daemon: &Arc<Daemon>,
     listener: L,
     app: axum::Router,
     header_timeout: std::time::Duration,
@@ -351,10 +365,14 @@ where
     L: axum::serve::Listener,
     L::Io: identity::Peer,
 {
+    let daemon = daemon.clone();
+    let is_admin: serve::IsAdmin =
+        Arc::new(move |caller: &str| daemon.catalog().listen.admins.contains(caller));
     tokio::spawn(serve::serve(
         listener,
         app,
         header_timeout,
+        is_admin,
         shutdown.subscribe(),
     ))
 }

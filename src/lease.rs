@@ -42,6 +42,7 @@ pub(crate) async fn run(args: LeaseArgs) -> Result<Exit, SyncError> {
         ttl_seconds: Some(args.ttl),
         snapshot,
         until_released: false,
+        pod: None,
     })
     .expect("a lease request serialises");
     let (Ok(mut term), Ok(mut int)) = (

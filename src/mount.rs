@@ -12,6 +12,7 @@
 //! is recorded, so the next mount or sync resumes) and unmounts; an unmount from outside
 //! (`fusermount3 -u`, `umount`) ends the process the same way.
 
+pub(crate) mod pinned;
 pub(crate) mod tree;
 pub(crate) mod view;
 
@@ -253,6 +254,12 @@ pub(crate) async fn serve(
         .unwrap_or_else(|err| Err(std::io::Error::other(err)))
         .local("mounting FUSE at", mountpoint)?;
     let unmounter = session.unmount_callable();
+    let session_ended = run_session(session).local("starting the FUSE thread for", mountpoint)?;
+    Ok((unmounter, session_ended))
+}
+
+/// Serves `session` on a thread of its own; the receiver fires when it ends (unmounted).
+fn run_session(session: fuser::Session<view::LazyView>) -> std::io::Result<oneshot::Receiver<()>> {
     let (ended, session_ended) = oneshot::channel();
     std::thread::Builder::new()
         .name("fuse".into())
@@ -261,9 +268,8 @@ pub(crate) async fn serve(
                 tracing::error!("the FUSE session ended: {err}");
             }
             let _ = ended.send(());
-        })
-        .local("starting the FUSE thread for", mountpoint)?;
-    Ok((unmounter, session_ended))
+        })?;
+    Ok(session_ended)
 }
 
 /// Once the dataset is complete, the cache directory itself is bind-mounted read-only over the

@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
+use crate::error::SourceError;
 use crate::error::{SyncError, UsageError};
 use crate::fs;
 use crate::plan::keys::{plan_key, KeyPlan};
@@ -106,19 +107,33 @@ pub(crate) fn digest(entries: &[SnapshotEntry]) -> String {
     hasher.finalize().to_hex().to_string()
 }
 
+/// A listing frozen by [`create`].
+pub(crate) struct Created {
+    pub snapshot: Snapshot,
+    /// The server did not list object versions: for the caller to say, as often as it sees fit.
+    pub unversioned: Option<Unversioned>,
+}
+
+/// Why a snapshot pins ETags only.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the server does not list object versions ({0}): the snapshot pins ETags only, so an object \
+     overwritten after it will fail the hydration instead of being fetched at its version"
+)]
+pub(crate) struct Unversioned(#[source] SourceError);
+
 /// Lists `url` completely with `client` (built from `settings`) and freezes it.
 pub(crate) async fn create(
     client: aws_sdk_s3::Client,
     url: &S3Url,
     settings: &crate::source::client::ClientSettings,
-) -> Result<Snapshot, SyncError> {
+) -> Result<Created, SyncError> {
     let endpoint = settings.endpoint.clone();
+    let mut unversioned = None;
     let listed = match list::list_latest_versions(&client, url).await? {
         list::Versions::Listed(entries) => entries,
         list::Versions::NotListed(why) => {
-            tracing::warn!(
-                "the server does not list object versions ({why}): the snapshot pins ETags only, so an object overwritten after it will fail the hydration instead of being fetched at its version"
-            );
+            unversioned = Some(Unversioned(why));
             let source = Arc::new(crate::source::s3::S3Source::new(client, settings.anonymous));
             let mut listing = list::spawn(source, url.clone());
             let mut listed = Vec::new();
@@ -139,7 +154,7 @@ pub(crate) async fn create(
             blake3: None,
         })
         .collect();
-    Ok(Snapshot {
+    let snapshot = Snapshot {
         version: SNAPSHOT_VERSION,
         endpoint,
         bucket: url.bucket.clone(),
@@ -149,6 +164,10 @@ pub(crate) async fn create(
         bytes: entries.iter().map(|e| e.size).sum(),
         created_at: crate::units::now_rfc3339(),
         entries,
+    };
+    Ok(Created {
+        snapshot,
+        unversioned,
     })
 }
 
@@ -172,7 +191,7 @@ pub(crate) fn read(path: &Path) -> Result<Snapshot, UsageError> {
             snapshot.version
         )));
     }
-    check_seals(&snapshot).map_err(bad)?;
+    check_seals(&snapshot).map_err(|err| bad(err.to_string()))?;
     if digest(&snapshot.entries) != snapshot.digest {
         return Err(bad(
             "its digest does not match its entries (edited or damaged)".into(),
@@ -186,8 +205,16 @@ pub(crate) fn read(path: &Path) -> Result<Snapshot, UsageError> {
     Ok(snapshot)
 }
 
+/// An entry whose seal does not fit its snapshot's format.
+#[derive(Debug, thiserror::Error)]
+#[error("key {key:?}: its blake3 is missing or malformed for format version {version}")]
+struct BadSeal {
+    key: String,
+    version: u32,
+}
+
 /// A sealed snapshot seals each of its files with a well-formed hash, and an unsealed one none.
-fn check_seals(snapshot: &Snapshot) -> Result<(), String> {
+fn check_seals(snapshot: &Snapshot) -> Result<(), BadSeal> {
     for entry in &snapshot.entries {
         let is_file = matches!(
             plan_key(&snapshot.prefix, &entry.key, entry.size),
@@ -202,10 +229,10 @@ fn check_seals(snapshot: &Snapshot) -> Result<(), String> {
             _ => well_formed || (!is_file && entry.blake3.is_none()),
         };
         if !fits {
-            return Err(format!(
-                "key {:?}: its blake3 is missing or malformed for format version {}",
-                entry.key, snapshot.version
-            ));
+            return Err(BadSeal {
+                key: entry.key.clone(),
+                version: snapshot.version,
+            });
         }
     }
     Ok(())
@@ -276,7 +303,9 @@ mod tests {
         let dir_marker = || entry("p/dir/", None);
         assert!(check_seals(&snapshot(vec![entry("p/a", Some(&hash)), dir_marker()], 2)).is_ok());
         assert!(check_seals(&snapshot(vec![entry("p/a", None)], 1)).is_ok());
-        let unsealed_file = check_seals(&snapshot(vec![entry("p/a", None)], 2)).unwrap_err();
+        let unsealed_file = check_seals(&snapshot(vec![entry("p/a", None)], 2))
+            .unwrap_err()
+            .to_string();
         assert!(unsealed_file.contains("\"p/a\""), "{unsealed_file}");
         assert!(check_seals(&snapshot(vec![entry("p/a", Some("beef"))], 2)).is_err());
         assert!(check_seals(&snapshot(vec![entry("p/a", Some(&hash))], 1)).is_err());

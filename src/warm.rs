@@ -257,6 +257,7 @@ async fn lease(
         ttl_seconds: ttl,
         snapshot: status.snapshot.clone(),
         until_released: false,
+        pod: None,
     };
     let body = serde_json::to_vec(&request).expect("a lease request serialises");
     let holder_path = percent_encode(holder);

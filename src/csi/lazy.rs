@@ -15,6 +15,7 @@
 //!   daemon does not: opens wait for the daemon to come back (and resume the hydration, which a
 //!   lazy volume's lease keeps), for at most [`PATIENCE`].
 
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -69,9 +70,10 @@ pub(crate) async fn publish(
     let view = LazyView::new(Arc::new(tree), Arc::new(wants), Dest::open(dir)?, true);
     target.create_dir()?;
     let fsname = format!("hydrator:{dataset}");
-    let (_unmounter, _ended) = crate::mount::serve(view, target.pin()?.path(), fsname, true)
+    let pinned = target.pin()?;
+    crate::mount::pinned::serve(view, pinned.as_fd(), fsname, true)
         .await
-        .map_err(|err| std::io::Error::other(err.to_string()))?;
+        .map_err(std::io::Error::other)?;
     Ok(())
 }
 
@@ -97,14 +99,29 @@ impl Wants for DaemonWants {
             key: file.key.clone(),
         };
         self.runtime.spawn(async move {
-            let _ = tell.send(ask(&client, &path, &request).await.map_err(Into::into));
+            let asked = ask(&client, &path, &request).await;
+            let _ = tell.send(asked.map_err(|err| err.to_string().into()));
         });
         Wanted::Later(told)
     }
 }
 
+/// Why a lazy view's open cannot have its file.
+#[derive(Debug, thiserror::Error)]
+enum Unwanted {
+    /// The daemon answered that the object cannot be fetched, or refused the ask.
+    #[error("{0}")]
+    Refused(String),
+    /// The daemon's socket refused this process.
+    #[error("{0}")]
+    Denied(String),
+    /// The daemon was away for longer than [`PATIENCE`].
+    #[error("the node daemon: {0}")]
+    Away(String),
+}
+
 /// Asks the daemon for one file until it is local or cannot be fetched.
-async fn ask(client: &Client, path: &str, request: &WantRequest) -> Result<(), String> {
+async fn ask(client: &Client, path: &str, request: &WantRequest) -> Result<(), Unwanted> {
     let body = serde_json::to_vec(request).expect("a want request serialises");
     let mut away_since: Option<Instant> = None;
     loop {
@@ -118,12 +135,12 @@ async fn ask(client: &Client, path: &str, request: &WantRequest) -> Result<(), S
             Ok((code @ (StatusCode::CONFLICT | StatusCode::SERVICE_UNAVAILABLE), answer)) => {
                 explain(code, &answer)
             }
-            Ok((code, answer)) => return Err(explain(code, &answer)),
+            Ok((code, answer)) => return Err(Unwanted::Refused(explain(code, &answer))),
             Err(CallError::Unreachable(why) | CallError::Broken(why)) => why,
-            Err(CallError::Denied(why)) => return Err(why),
+            Err(CallError::Denied(why)) => return Err(Unwanted::Denied(why)),
         };
         if away_since.get_or_insert_with(Instant::now).elapsed() > PATIENCE {
-            return Err(format!("the node daemon: {why}"));
+            return Err(Unwanted::Away(why));
         }
         tokio::time::sleep(RETRY).await;
     }

@@ -41,7 +41,7 @@ use super::proto::{
     volume_capability::AccessType, volume_usage, NodePublishVolumeRequest, VolumeCondition,
     VolumeUsage,
 };
-use super::target::Target;
+use super::target::{self, Target};
 use super::volumes::{self, Volume, Volumes};
 use crate::daemon::catalog::Start;
 use crate::daemon::protocol::{
@@ -354,6 +354,15 @@ impl Plugin {
             }
             // Its parent is gone: nothing is mounted there.
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            // The plugin mounts only through real directories: nothing of a volume it never
+            // published is there, and the symlink is not followed (an answer the kubelet's
+            // retries get the same).
+            Err(err) if target::through_symlink(&err) && record.is_none() => {
+                tracing::warn!(volume = %id, "unpublishing: {err}; nothing of the plugin's is there");
+            }
+            Err(err) if target::through_symlink(&err) => {
+                return Err(Status::failed_precondition(err.to_string()))
+            }
             Err(err) => return Err(local(err)),
         }
         self.serving_mut().remove(id);
@@ -421,8 +430,8 @@ impl Plugin {
     }
 
     /// The usage and condition of volume `id` published at `path`: abnormal when it is a lazy
-    /// view that no process serves any more (the kubelet, with volume health on, puts the
-    /// message in the pod's events).
+    /// view that no process serves any more and its ready snapshot was not bound over it (the
+    /// kubelet, with volume health on, puts the message in the pod's events).
     pub(crate) fn stats(
         &self,
         id: &str,
@@ -434,7 +443,13 @@ impl Plugin {
                 path.display()
             )));
         };
-        if volume.lazy && !self.serving_mut().contains_key(id) {
+        // The ready snapshot may be bound over the view (by a previous life too): the pod
+        // reads the snapshot, whether or not a process serves the view underneath.
+        let bound_over = volume.lazy
+            && Target::open(&self.pods_dir, path)
+                .and_then(|target| target.shows_snapshot(&volume.snapshot))
+                .unwrap_or(false);
+        if volume.lazy && !bound_over && !self.serving_mut().contains_key(id) {
             let message = format!(
                 "the lazy view of {} ended with a restart of the CSI plugin: reads fail (ENOTCONN) until the pod is restarted",
                 volume.dataset
@@ -456,9 +471,10 @@ impl Plugin {
             unit: unit as i32,
         };
         let block = fs.f_frsize;
-        let how = match volume.lazy {
-            true => "a lazy view while it hydrates",
-            false => "mounted read-only",
+        let how = match (volume.lazy, bound_over) {
+            (true, false) => "a lazy view while it hydrates",
+            (true, true) => "ready, bound read-only over its lazy view",
+            (false, _) => "mounted read-only",
         };
         Ok((
             vec![
@@ -633,6 +649,7 @@ impl Plugin {
             ttl_seconds: None,
             snapshot: Some(volume.snapshot.clone()),
             until_released: true,
+            pod: Some(volume.pod().to_string()),
         };
         let body = serde_json::to_vec(&request).expect("a lease request serialises");
         let (code, answer) = self

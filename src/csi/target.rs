@@ -11,7 +11,7 @@
 
 use std::ffi::OsString;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
@@ -27,7 +27,7 @@ pub(crate) struct Target {
 
 /// A directory held open, and the path that names exactly it while held.
 pub(crate) struct Pinned {
-    _fd: OwnedFd,
+    fd: OwnedFd,
     path: PathBuf,
 }
 
@@ -37,16 +37,32 @@ impl Pinned {
     }
 }
 
+impl AsFd for Pinned {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
 fn no_symlinks() -> ResolveFlags {
     ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS
 }
 
+/// A target whose way from the pods directory holds a symlink (or leaves it): never followed.
+#[derive(Debug, thiserror::Error)]
+#[error("{} is reached through a symlink or another mount: refused", .0.display())]
+pub(crate) struct ThroughSymlink(PathBuf);
+
+/// Whether `err` is a [`ThroughSymlink`] refusal.
+pub(crate) fn through_symlink(err: &io::Error) -> bool {
+    err.get_ref()
+        .is_some_and(|inner| inner.is::<ThroughSymlink>())
+}
+
 fn refused(path: &Path, err: rustix::io::Errno) -> io::Error {
     match err {
-        rustix::io::Errno::LOOP | rustix::io::Errno::XDEV => io::Error::other(format!(
-            "{} is reached through a symlink or another mount: refused",
-            path.display()
-        )),
+        rustix::io::Errno::LOOP | rustix::io::Errno::XDEV => {
+            io::Error::other(ThroughSymlink(path.to_path_buf()))
+        }
         err => err.into(),
     }
 }
@@ -104,6 +120,14 @@ impl Target {
         }
     }
 
+    /// Whether the topmost mount on it is a bind of snapshot `digest` (a ready snapshot bound
+    /// over a lazy view, or a plain publish), not a FUSE view.
+    pub(crate) fn shows_snapshot(&self, digest: &str) -> io::Result<bool> {
+        Ok(self.top_mount()?.is_some_and(|top| {
+            !top.fs_type.starts_with("fuse") && top.root.rsplit('/').next() == Some(digest)
+        }))
+    }
+
     /// Nothing there yet, or a directory: anything else (a symlink, a file) is refused.
     pub(crate) fn check(&self) -> io::Result<()> {
         match self.kind()? {
@@ -130,7 +154,7 @@ impl Target {
         let fd = rustix::fs::openat(&self.parent, &self.name, flags, Mode::empty())
             .map_err(|err| refused(&self.path, err))?;
         let path = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
-        Ok(Pinned { _fd: fd, path })
+        Ok(Pinned { fd, path })
     }
 
     /// Bind-mounts `source` on it (created if missing), read-only. The bind goes on the pinned
@@ -153,10 +177,11 @@ impl Target {
         Ok(rustix::mount::unmount(&at, UnmountFlags::NOFOLLOW)?)
     }
 
-    /// Removes the (empty, unmounted) directory; a target already gone is fine.
+    /// Removes the (empty, unmounted) directory; a target already gone is fine, and a symlink
+    /// or a file in its place is not the plugin's: left alone, never followed.
     pub(crate) fn remove_dir(&self) -> io::Result<()> {
         match rustix::fs::unlinkat(&self.parent, &self.name, AtFlags::REMOVEDIR) {
-            Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
+            Ok(()) | Err(rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR) => Ok(()),
             Err(err) => Err(err.into()),
         }
     }

@@ -26,6 +26,14 @@ pub(crate) struct Volume {
     pub lazy: bool,
 }
 
+impl Volume {
+    /// The UID of the pod it is published for (its holder is `POD_UID:VOLUME_ID`).
+    pub(crate) fn pod(&self) -> &str {
+        let suffix = self.id.len() + 1;
+        &self.holder[..self.holder.len().saturating_sub(suffix)]
+    }
+}
+
 pub(crate) struct Volumes {
     dir: PathBuf,
 }
@@ -125,6 +133,7 @@ mod tests {
             lazy: true,
         };
         volumes.write(&volume).unwrap();
+        assert_eq!(volume.pod(), "pod");
         assert_eq!(volumes.read(&volume.id).unwrap(), Some(volume.clone()));
         assert_eq!(volumes.all().unwrap(), vec![volume.clone()]);
         volumes.remove(&volume.id).unwrap();

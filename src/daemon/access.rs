@@ -123,20 +123,61 @@ impl Rules {
     }
 }
 
-impl Access {
-    /// Whether `pod` may mount `dataset`; the refusal names the dataset, the pod's namespace
-    /// and service account, and the rule that applied.
-    pub(crate) fn check(&self, dataset: &str, pod: &PodIdentity) -> Result<(), String> {
-        let who = format!(
+/// Why a pod may not mount a dataset: the message names the dataset, the pod's namespace and
+/// service account, and the rule that applied.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Refused {
+    #[error(
+        "{pod} may not mount dataset {dataset}: the catalog sets access rules, none for \
+         {dataset}, and no [access] default (default deny)"
+    )]
+    DefaultDeny { pod: Pod, dataset: String },
+    #[error(
+        "{pod} may not mount dataset {dataset}: {} allows namespaces {:?} and service accounts \
+         {:?}",
+        whose(.rules.origin, dataset),
+        .rules.namespaces,
+        .rules.service_accounts
+    )]
+    NotAllowed {
+        pod: Pod,
+        dataset: String,
+        rules: Arc<Rules>,
+    },
+}
+
+/// A pod as a refusal names it.
+#[derive(Debug)]
+pub(crate) struct Pod(PodIdentity);
+
+impl std::fmt::Display for Pod {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
             "pods of namespace {:?} (service account {:?})",
-            pod.namespace, pod.service_account
-        );
+            self.0.namespace, self.0.service_account
+        )
+    }
+}
+
+/// The rule that applied, as a refusal names it.
+fn whose(origin: Origin, dataset: &str) -> String {
+    match origin {
+        Origin::Dataset => format!("dataset {dataset}'s rule"),
+        Origin::Default => "the catalog's [access] default".to_string(),
+    }
+}
+
+impl Access {
+    /// Whether `pod` may mount `dataset`.
+    pub(crate) fn check(&self, dataset: &str, pod: &PodIdentity) -> Result<(), Refused> {
         let rules = match self {
             Access::Open => return Ok(()),
             Access::Closed => {
-                return Err(format!(
-                    "{who} may not mount dataset {dataset}: the catalog sets access rules, none for {dataset}, and no [access] default (default deny)"
-                ))
+                return Err(Refused::DefaultDeny {
+                    pod: Pod(pod.clone()),
+                    dataset: dataset.to_string(),
+                })
             }
             Access::Rules(rules) => rules,
         };
@@ -144,14 +185,11 @@ impl Access {
         if rules.namespaces.contains(&pod.namespace) || rules.service_accounts.contains(&account) {
             return Ok(());
         }
-        let whose = match rules.origin {
-            Origin::Dataset => format!("dataset {dataset}'s rule"),
-            Origin::Default => "the catalog's [access] default".to_string(),
-        };
-        Err(format!(
-            "{who} may not mount dataset {dataset}: {whose} allows namespaces {:?} and service accounts {:?}",
-            rules.namespaces, rules.service_accounts
-        ))
+        Err(Refused::NotAllowed {
+            pod: Pod(pod.clone()),
+            dataset: dataset.to_string(),
+            rules: rules.clone(),
+        })
     }
 }
 
@@ -186,7 +224,8 @@ mod tests {
             .is_ok());
         let refused = access
             .check("imagenet", &pod("research", "default"))
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(refused.contains("dataset imagenet"), "{refused}");
         assert!(refused.contains("\"research\""), "{refused}");
         assert!(refused.contains("imagenet's rule"), "{refused}");
@@ -200,11 +239,17 @@ mod tests {
             Arc::new(rules(&raw(&["shared"], &[]), "access", &mut problems).into_default());
         let access = resolve(None, Some(&default), true);
         assert!(access.check("coco", &pod("shared", "x")).is_ok());
-        let refused = access.check("coco", &pod("team-a", "x")).unwrap_err();
+        let refused = access
+            .check("coco", &pod("team-a", "x"))
+            .unwrap_err()
+            .to_string();
         assert!(refused.contains("[access] default"), "{refused}");
 
         let closed = resolve(None, None, true);
-        let refused = closed.check("coco", &pod("shared", "x")).unwrap_err();
+        let refused = closed
+            .check("coco", &pod("shared", "x"))
+            .unwrap_err()
+            .to_string();
         assert!(refused.contains("default deny"), "{refused}");
         assert_eq!(resolve(None, None, false), Access::Open);
         assert!(Access::Open.check("coco", &pod("", "")).is_ok());

@@ -16,6 +16,7 @@ use serde::de::DeserializeOwned;
 
 use super::catalog::{Dataset, Start};
 use super::flight::{self, Warm};
+use super::holder;
 use super::identity::{self, Caller};
 use super::protocol::{
     DatasetStatus, ErrorBody, LeaseRequest, State as DatasetState, WantRequest, WarmRequest,
@@ -25,8 +26,6 @@ use super::registry::{self, LeaseAsk, LeaseRefused};
 use super::Daemon;
 use crate::engine::schedule::Wanted;
 
-/// Longest holder id (a pod UID is 36 characters).
-const MAX_HOLDER_LEN: usize = 253;
 /// How long `/healthz` waits for the registry.
 const HEALTH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -234,7 +233,7 @@ async fn warm(
     }
     if let Some(pod) = &request.pod {
         if let Err(why) = dataset.access.check(&name, pod) {
-            return error(StatusCode::FORBIDDEN, why);
+            return error(StatusCode::FORBIDDEN, why.to_string());
         }
     }
     let lazy = dataset.start == Start::Lazy;
@@ -322,13 +321,6 @@ async fn want(
     }
 }
 
-/// A character a holder name may not hold: controls, and the invisible ones that make two names
-/// look alike or reorder what is printed (zero-width, bidi overrides and isolates).
-fn unprintable(c: char) -> bool {
-    c.is_control()
-        || matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}')
-}
-
 /// A warm answer's code: 200 ready (also stale), 500 failed, 202 still hydrating.
 fn warm_code(state: DatasetState) -> StatusCode {
     match state {
@@ -351,14 +343,23 @@ async fn take_lease(
     if let Err(response) = check_dataset(&daemon, &caller, &name) {
         return *response;
     }
-    if holder.is_empty() || holder.len() > MAX_HOLDER_LEN || holder.chars().any(unprintable) {
-        return error(
-            StatusCode::BAD_REQUEST,
-            format!("a lease holder is 1 to {MAX_HOLDER_LEN} printable characters"),
-        );
+    if let Err(bad) = holder::check(&holder) {
+        return error(StatusCode::BAD_REQUEST, bad.to_string());
     }
     let catalog = daemon.catalog();
-    let ask = lease_ask(&daemon, &caller);
+    let ask = LeaseAsk {
+        pod: request.pod.as_deref(),
+        ..lease_ask(&daemon, &caller)
+    };
+    if ask.pod.is_some() && !ask.admin {
+        return error(
+            StatusCode::FORBIDDEN,
+            format!(
+                "{} may not take a lease for a pod (listen.admins only)",
+                caller.identity
+            ),
+        );
+    }
     let expires_at = match request.until_released {
         true if !ask.admin => {
             return error(
@@ -442,6 +443,7 @@ fn lease_ask<'a>(daemon: &Daemon, caller: &'a Caller) -> LeaseAsk<'a> {
         admin: catalog.listen.admins.contains(&caller.identity),
         cap: catalog.cache.max_leases_per_dataset,
         per_identity: catalog.cache.max_leases_per_identity,
+        pod: None,
         now: registry::now_unix(),
     }
 }
@@ -478,6 +480,10 @@ fn lease_refused(name: &str, holder: &str, refused: LeaseRefused) -> Response {
         LeaseRefused::TooManyOfYours { cap } => error(
             StatusCode::TOO_MANY_REQUESTS,
             format!("{holder:?}: this identity holds {cap} leases on {name:?}, the most one identity may (cache.max_leases_per_identity)"),
+        ),
+        LeaseRefused::TooManyForPod { pod, cap } => error(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!("{holder:?}: pod {pod} holds {cap} leases on {name:?}, the most one pod may (cache.max_leases_per_identity)"),
         ),
         LeaseRefused::NotHeld => error(
             StatusCode::NOT_FOUND,

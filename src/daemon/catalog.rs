@@ -299,21 +299,26 @@ pub(crate) fn load(
 ) -> Result<Catalog, UsageError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| UsageError::new(format!("catalog {}: {e}", path.display())))?;
-    parse(&text, env).map_err(|problems| {
-        UsageError::new(format!(
-            "catalog {}:\n  {}",
-            path.display(),
-            problems.join("\n  ")
-        ))
-    })
+    parse(&text, env)
+        .map_err(|problems| UsageError::new(format!("catalog {}:\n  {problems}", path.display())))
+}
+
+/// Every problem found in a catalog, each naming its setting; one a line.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", .0.join("\n  "))]
+pub(crate) struct Problems(Vec<String>);
+
+impl std::ops::Deref for Problems {
+    type Target = [String];
+
+    fn deref(&self) -> &[String] {
+        &self.0
+    }
 }
 
 /// Parses catalog text; `Err` lists every problem found.
-pub(crate) fn parse(
-    text: &str,
-    env: impl Fn(&str) -> Option<String>,
-) -> Result<Catalog, Vec<String>> {
-    let raw: RawCatalog = toml::from_str(text).map_err(|e| vec![e.to_string()])?;
+pub(crate) fn parse(text: &str, env: impl Fn(&str) -> Option<String>) -> Result<Catalog, Problems> {
+    let raw: RawCatalog = toml::from_str(text).map_err(|e| Problems(vec![e.to_string()]))?;
     let mut problems = Vec::new();
     let cache = cache(raw.cache, &mut problems);
     let listen = listen(raw.listen, &mut problems);
@@ -357,7 +362,7 @@ pub(crate) fn parse(
             p2p,
             datasets,
         }),
-        false => Err(problems),
+        false => Err(Problems(problems)),
     }
 }
 

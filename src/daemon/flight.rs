@@ -23,7 +23,7 @@ use crate::config::SyncConfig;
 use crate::engine::{self, schedule::Schedule, stats::Stats, Hooks};
 use crate::error::{Exit, IoContext, SyncError};
 use crate::p2p::dfdaemon::Dfdaemon;
-use crate::plan::keys::{plan_key, KeyPlan};
+use crate::plan::keys::{plan_key, KeyPlan, Placement};
 use crate::snapshot::{self, Snapshot};
 use crate::source::client;
 use crate::write::dest::Dest;
@@ -58,7 +58,7 @@ pub(crate) fn warm(daemon: &Arc<Daemon>, name: &str, dataset: &Dataset) -> Warm 
     if let Some(current) = serve.cloned() {
         let ready = entry.ready.get_mut(&current).expect("current is ready");
         ready.last_used = registry::now_unix();
-        daemon.metrics.served_from_cache(ready.bytes);
+        daemon.metrics.served_from_cache(name, ready.bytes);
         return Warm::Known(Box::new(registry.status(&daemon.root, name)));
     }
     if entry.backing_off() {
@@ -112,8 +112,11 @@ fn finish(daemon: &Daemon, name: &str, flight: &Flight, result: Result<Done, Hyd
         }
     }
     let stats = &flight.stats;
-    daemon.metrics.fetched(Stats::get(&stats.bytes_received));
+    daemon
+        .metrics
+        .fetched(name, Stats::get(&stats.bytes_received));
     daemon.metrics.peers_delivered(
+        name,
         Stats::get(&stats.bytes_from_peers),
         Stats::get(&stats.peer_fallbacks),
     );
@@ -132,7 +135,7 @@ fn finish(daemon: &Daemon, name: &str, flight: &Flight, result: Result<Done, Hyd
                 tracing::info!(dataset = name, "ready in {seconds:.1} s");
                 daemon
                     .metrics
-                    .hydration_finished(HydrationResult::Complete, seconds);
+                    .hydration_finished(name, HydrationResult::Complete, seconds);
             }
             // Cut short by this daemon's own stop: not the dataset's failure. Waiting clients
             // see no end and ask the next daemon, which resumes it.
@@ -143,7 +146,7 @@ fn finish(daemon: &Daemon, name: &str, flight: &Flight, result: Result<Done, Hyd
                 );
                 daemon
                     .metrics
-                    .hydration_finished(HydrationResult::Stopped, seconds);
+                    .hydration_finished(name, HydrationResult::Stopped, seconds);
             }
             Err(reason) => {
                 match entry.current {
@@ -158,12 +161,25 @@ fn finish(daemon: &Daemon, name: &str, flight: &Flight, result: Result<Done, Hyd
                 entry.failed_at = Some(std::time::Instant::now());
                 daemon
                     .metrics
-                    .hydration_finished(HydrationResult::Failed, seconds);
+                    .hydration_finished(name, HydrationResult::Failed, seconds);
             }
         }
     }
     daemon.state_changed();
     flight.done.send_replace(true);
+}
+
+/// Warns that the server does not list `name`'s object versions, once per dataset and daemon
+/// life: every refresh lists again, and would say it again.
+fn say_once(daemon: &Daemon, name: &str, unversioned: &snapshot::Unversioned) {
+    let first = {
+        let mut registry = daemon.registry();
+        let entry = registry.datasets.entry(name.to_string()).or_default();
+        !std::mem::replace(&mut entry.unversioned_said, true)
+    };
+    if first {
+        tracing::warn!(dataset = name, "{unversioned} (said once for this dataset)");
+    }
 }
 
 /// The node's dfdaemon, for a dataset that takes its large objects from peers.
@@ -208,8 +224,11 @@ async fn hydrate(
         None => {
             let client =
                 client::build(cfg.client_settings(), daemon.budget.slots.responses.clone()).await;
-            let listed = snapshot::create(client, &dataset.source, cfg.client_settings()).await?;
-            Arc::new(listed)
+            let created = snapshot::create(client, &dataset.source, cfg.client_settings()).await?;
+            if let Some(unversioned) = &created.unversioned {
+                say_once(daemon, name, unversioned);
+            }
+            Arc::new(created.snapshot)
         }
     };
     let digest = snapshot.digest.clone();
@@ -264,17 +283,21 @@ async fn hydrate(
             "{} unchanged objects linked from the previous snapshot",
             linked.objects
         );
-        daemon.metrics.served_from_cache(linked.bytes);
+        daemon.metrics.served_from_cache(name, linked.bytes);
     }
     flight.set_phase(Phase::Reserving);
     super::evict::reserve(daemon, flight, snapshot.bytes - linked.bytes).await?;
-    let schedule = flight.schedule.get_or_init(|| {
-        let files = snapshot
-            .entries
-            .iter()
-            .filter(|e| matches!(plan_key(&snapshot.prefix, &e.key, e.size), KeyPlan::File(_)));
-        Arc::new(Schedule::new(files.map(|e| e.key.clone())))
-    });
+    let schedule =
+        flight.schedule.get_or_init(|| {
+            let mut placement = Placement::default();
+            let files = snapshot.entries.iter().filter(|e| {
+                match plan_key(&snapshot.prefix, &e.key, e.size) {
+                    KeyPlan::File(rel) => placement.place(&rel).is_ok(),
+                    _ => false,
+                }
+            });
+            Arc::new(Schedule::new(files.map(|e| e.key.clone())))
+        });
     flight.set_phase(Phase::Downloading);
     let catalog = daemon.catalog();
     let peers = match (dataset.p2p, &catalog.p2p) {

@@ -82,10 +82,13 @@ pub(crate) trait Peer {
     /// are named by their token).
     fn caller(&self) -> Option<Caller>;
 
-    /// Whom the connection counts against for the per-caller cap: a socket peer's uid, a TCP
-    /// peer's address; `None` for root on the socket and loopback TCP (the CSI plugin and
-    /// other node components), which always find room.
-    fn counted_as(&self) -> Option<String>;
+    /// Whom the connection counts against for the connection caps: a socket peer's uid
+    /// (`uid:N`, root as any other), a TCP peer's address.
+    fn counted_as(&self) -> String;
+
+    /// Whether it came over loopback TCP: the CSI plugin's door in the manifests (the plugin
+    /// runs in the daemon's pod, and no other pod reaches that pod's loopback).
+    fn is_loopback(&self) -> bool;
 }
 
 impl Peer for tokio::net::UnixStream {
@@ -99,12 +102,15 @@ impl Peer for tokio::net::UnixStream {
         })
     }
 
-    fn counted_as(&self) -> Option<String> {
-        match self.peer_cred().map(|c| c.uid()) {
-            Ok(0) => None,
-            Ok(uid) => Some(format!("uid:{uid}")),
-            Err(_) => Some("uid:unknown".into()),
+    fn counted_as(&self) -> String {
+        match self.peer_cred() {
+            Ok(credentials) => Caller::uid(credentials.uid()).identity,
+            Err(_) => Caller::unknown_peer().identity,
         }
+    }
+
+    fn is_loopback(&self) -> bool {
+        false
     }
 }
 
@@ -113,13 +119,20 @@ impl Peer for tokio::net::TcpStream {
         None
     }
 
-    fn counted_as(&self) -> Option<String> {
+    fn counted_as(&self) -> String {
         match self.peer_addr() {
-            Ok(addr) if addr.ip() == std::net::Ipv4Addr::LOCALHOST => None,
-            Ok(addr) if addr.ip() == std::net::Ipv6Addr::LOCALHOST => None,
-            Ok(addr) => Some(addr.ip().to_string()),
-            Err(_) => Some("unknown".into()),
+            Ok(addr) => addr.ip().to_canonical().to_string(),
+            Err(_) => "unknown".into(),
         }
+    }
+
+    fn is_loopback(&self) -> bool {
+        // 127.0.0.1 and ::1 only (also as ::ffff:127.0.0.1 on a dual-stack listener): the
+        // rest of 127.0.0.0/8 is counted like any address.
+        self.peer_addr().is_ok_and(|addr| {
+            let ip = addr.ip().to_canonical();
+            ip == std::net::Ipv4Addr::LOCALHOST || ip == std::net::Ipv6Addr::LOCALHOST
+        })
     }
 }
 
@@ -169,5 +182,25 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(stream.caller(), None);
+    }
+
+    #[tokio::test]
+    async fn root_on_the_socket_is_counted_as_its_uid_and_only_loopback_tcp_is_the_plugins_door() {
+        let (a, _b) = tokio::net::UnixStream::pair().unwrap();
+        let uid = rustix::process::getuid().as_raw();
+        assert_eq!(a.counted_as(), format!("uid:{uid}"), "root too");
+        assert!(!a.is_loopback());
+        for (listen, from, loopback) in [
+            ("127.0.0.1:0", "127.0.0.1:0", true),
+            ("127.0.0.1:0", "127.0.0.2:0", false),
+        ] {
+            let tcp = tokio::net::TcpListener::bind(listen).await.unwrap();
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind(from.parse().unwrap()).unwrap();
+            let _client = socket.connect(tcp.local_addr().unwrap()).await.unwrap();
+            let (accepted, peer) = tcp.accept().await.unwrap();
+            assert_eq!(accepted.is_loopback(), loopback, "{from}");
+            assert_eq!(accepted.counted_as(), peer.ip().to_string());
+        }
     }
 }

@@ -175,6 +175,10 @@ pub(crate) struct LeaseRequest {
     /// No expiry: held until released (admin identities only, for the CSI plugin's mounts).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub until_released: bool,
+    /// The pod the lease is for (admin identities only: the CSI plugin names the pod of each
+    /// volume it mounts), whose share of the dataset's leases it counts against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
 }
 
 /// A lease's `expires_at` when it is held until released.
@@ -191,6 +195,9 @@ pub(crate) struct Lease {
     pub snapshot: String,
     /// Unix seconds; [`UNTIL_RELEASED`] (2^64 - 1) when it is held until released.
     pub expires_at: u64,
+    /// The pod an admin took it for: it counts against that pod's share, not the admin's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

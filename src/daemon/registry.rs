@@ -5,6 +5,10 @@
 //! an admin renews or releases it, a dataset holds at most the catalog's number of leases, and
 //! an expired lease counts as gone even before maintenance drops it.
 //!
+//! One identity holds at most its share of a dataset's leases. The CSI plugin (an admin) takes
+//! a lease for every volume of every pod, so its leases are counted per pod, the pod the plugin
+//! names: one pod with hundreds of inline volumes holds its share, not the whole table.
+//!
 //! The directories are the truth: on start the registry is rebuilt from them (a snapshot is
 //! ready exactly when its READY marker says so), and only what the disk cannot tell (leases
 //! and when each snapshot was last used) is kept in `ROOT/.daemon/state.json`.
@@ -124,6 +128,8 @@ pub(crate) struct DatasetEntry {
     /// Bumped whenever its directory changes (a hydration ended, a snapshot was evicted), so a
     /// measurement taken before is not stored.
     pub disk_generation: u64,
+    /// Whether the log said that its server does not list object versions (once is enough).
+    pub unversioned_said: bool,
 }
 
 /// A dataset directory's disk use, measured in one walk.
@@ -184,6 +190,11 @@ pub(crate) enum LeaseRefused {
     TooManyOfYours {
         cap: usize,
     },
+    /// The pod holds the most leases of this dataset one pod may (through the CSI plugin).
+    TooManyForPod {
+        pod: String,
+        cap: usize,
+    },
     NotHeld,
 }
 
@@ -194,13 +205,46 @@ pub(crate) struct LeaseAsk<'a> {
     pub admin: bool,
     /// The most leases one dataset may hold.
     pub cap: usize,
-    /// The most leases of one dataset one identity may hold (admins are not bound by it).
+    /// The most leases of one dataset one identity, or one pod, may hold (admins are not bound
+    /// by it for leases of their own).
     pub per_identity: usize,
+    /// The pod an admin asks for (the CSI plugin): a new lease counts against its share.
+    pub pod: Option<&'a str>,
     /// Unix seconds: leases that expired by then count as gone.
     pub now: u64,
 }
 
+/// Whose share of a dataset's leases a lease counts against: its pod's when an admin took it
+/// for one, else its owner's.
+fn share(pod: Option<&str>, owner: &str) -> String {
+    match pod {
+        Some(pod) => format!("pod:{pod}"),
+        None => owner.to_string(),
+    }
+}
+
 impl LeaseAsk<'_> {
+    /// The share a new lease of this ask counts against, and its cap; `None` for an admin's
+    /// own lease, which is bound by the dataset's cap alone.
+    fn share(&self) -> Option<(String, LeaseRefused)> {
+        match (self.admin, self.pod) {
+            (true, None) => None,
+            (_, Some(pod)) => Some((
+                share(Some(pod), ""),
+                LeaseRefused::TooManyForPod {
+                    pod: pod.to_string(),
+                    cap: self.per_identity,
+                },
+            )),
+            (false, None) => Some((
+                share(None, &self.caller.identity),
+                LeaseRefused::TooManyOfYours {
+                    cap: self.per_identity,
+                },
+            )),
+        }
+    }
+
     /// Whether this caller may renew `lease`: its owner, an admin, or anyone for a lease from
     /// before owners (whose renewal then adopts it).
     fn may_renew(&self, lease: &Lease) -> Result<(), LeaseRefused> {
@@ -316,13 +360,14 @@ impl Registry {
             ask.may_renew(lease)?;
         } else {
             // The last quarter of a dataset's leases is kept for admins (the CSI plugin), and
-            // one identity holds at most its share: no one tenant can lock the others out.
+            // one identity (one pod, for the plugin's leases) holds at most its share: no one
+            // tenant can lock the others out.
+            let share = ask.share();
+            let wanted = share.as_ref().map(|(share, _)| share.as_str());
             let live = self.live_leases_of(name, ask.now);
             let (all, mine) = live.fold((0, 0), |(all, mine), lease| {
-                (
-                    all + 1,
-                    mine + usize::from(lease.owner == ask.caller.identity),
-                )
+                let theirs = self::share(lease.pod.as_deref(), &lease.owner);
+                (all + 1, mine + usize::from(Some(theirs.as_str()) == wanted))
             });
             let cap = match ask.admin {
                 true => ask.cap,
@@ -331,10 +376,8 @@ impl Registry {
             if all >= cap {
                 return Err(LeaseRefused::TooMany { cap });
             }
-            if !ask.admin && mine >= ask.per_identity {
-                return Err(LeaseRefused::TooManyOfYours {
-                    cap: ask.per_identity,
-                });
+            if let Some((_, full)) = share.filter(|_| mine >= ask.per_identity) {
+                return Err(full);
             }
         }
         // An admin renewing keeps the owner, unless it makes the lease last until released
@@ -361,12 +404,17 @@ impl Registry {
             None if hydrating => {}
             None => return Err(LeaseRefused::NoSuchSnapshot(digest)),
         }
+        let pod = match ask.pod {
+            Some(pod) => Some(pod.to_string()),
+            None => held.and_then(|lease| lease.pod.clone()),
+        };
         let lease = Lease {
             dataset: name.to_string(),
             holder: holder.to_string(),
             owner,
             snapshot: digest,
             expires_at,
+            pod,
         };
         self.leases.insert(key, lease.clone());
         Ok(lease)
@@ -519,6 +567,7 @@ mod tests {
             admin: false,
             cap: 2,
             per_identity: 2,
+            pod: None,
             now: 0,
         }
     }
@@ -532,6 +581,7 @@ mod tests {
             admin,
             cap: 8,
             per_identity: 4,
+            pod: None,
             now: 0,
         };
         for i in 0..4 {
@@ -561,6 +611,67 @@ mod tests {
             .unwrap();
         assert_eq!(
             registry.lease("ds", "csi-3", None, 9, &ask(&plugin, true)),
+            Err(LeaseRefused::TooMany { cap: 8 })
+        );
+    }
+
+    #[test]
+    fn the_plugins_leases_count_per_pod_so_one_pod_holds_its_share_not_the_table() {
+        let mut registry = registry_with_ready();
+        let plugin = Caller::token(&super::super::identity::Token {
+            name: "csi".into(),
+            secret: String::new(),
+            datasets: None,
+        });
+        let for_pod = |pod| LeaseAsk {
+            caller: &plugin,
+            admin: true,
+            cap: 8,
+            per_identity: 2,
+            pod: Some(pod),
+            now: 0,
+        };
+        // One pod with many inline volumes of the dataset.
+        let taken: Vec<_> = (0..8)
+            .map(|i| {
+                let holder = format!("pod-a:vol-{i}");
+                registry.lease("ds", &holder, None, u64::MAX, &for_pod("pod-a"))
+            })
+            .collect();
+        assert!(taken[..2].iter().all(Result::is_ok), "{taken:?}");
+        for refused in &taken[2..] {
+            assert_eq!(
+                refused,
+                &Err(LeaseRefused::TooManyForPod {
+                    pod: "pod-a".into(),
+                    cap: 2
+                })
+            );
+        }
+        // Every other pod still gets its volumes; renewals pass.
+        for pod in ["pod-b", "pod-c"] {
+            for i in 0..2 {
+                let holder = format!("{pod}:vol-{i}");
+                registry
+                    .lease("ds", &holder, None, u64::MAX, &for_pod(pod))
+                    .unwrap();
+            }
+        }
+        let renewed = registry.lease("ds", "pod-a:vol-0", None, u64::MAX, &for_pod("pod-a"));
+        assert_eq!(renewed.unwrap().pod.as_deref(), Some("pod-a"));
+        // The plugin's own leases (no pod) are bound by the dataset's cap alone.
+        let own = LeaseAsk {
+            pod: None,
+            ..for_pod("")
+        };
+        registry
+            .lease("ds", "csi-own", None, u64::MAX, &own)
+            .unwrap();
+        registry
+            .lease("ds", "csi-own-2", None, u64::MAX, &own)
+            .unwrap();
+        assert_eq!(
+            registry.lease("ds", "csi-own-3", None, u64::MAX, &own),
             Err(LeaseRefused::TooMany { cap: 8 })
         );
     }

@@ -1,11 +1,13 @@
 //! The API's HTTP server, built for a node where any pod may open a connection, so that no
 //! caller can hold it:
-//! - at most [`MAX_CONNECTIONS`] of counted callers (a socket peer's uid other than root, a TCP
-//!   peer's address other than loopback) are served at once, and at most [`MAX_PER_CALLER`] of
-//!   one caller: the next is closed at once. Root on the socket and loopback TCP (the CSI plugin
-//!   beside the daemon) are not counted, and [`RESERVED_CONNECTIONS`] more are kept for them, so
-//!   they find room however many others hold connections; when those are taken too, the rest
-//!   wait in the kernel's backlog;
+//! - at most [`MAX_CONNECTIONS`] of counted callers (a socket peer's uid, root as any other; a
+//!   TCP peer's address) are served at once, and at most [`MAX_PER_CALLER`] of one caller: the
+//!   next is closed at once. The admins' doors are not counted: loopback TCP (where the CSI
+//!   plugin beside the daemon talks, with its admin token) and a socket uid the catalog names
+//!   in `admins`. [`RESERVED_CONNECTIONS`] more places are kept for them, so the plugin finds
+//!   room however many tenants hold connections (a root container that mounts the socket holds
+//!   its uid's share, like any caller); when those are taken too, the rest wait in the kernel's
+//!   backlog. A door is told at accept, before any request: a token arrives too late to decide;
 //! - a connection whose request header has not fully arrived within the header timeout (also an
 //!   idle keep-alive connection) is closed, and so is one whose body does not arrive within it
 //!   ([`super::api`]) or that does not read its answers within it ([`DeadlineIo`]): a caller
@@ -40,18 +42,23 @@ use super::identity::Peer;
 
 /// Connections of counted callers served at once per listener.
 pub(crate) const MAX_CONNECTIONS: usize = 512;
-/// Connections beyond [`MAX_CONNECTIONS`] only uncounted callers (root, loopback) may use.
+/// Connections beyond [`MAX_CONNECTIONS`] only the admins' doors (loopback TCP, an admin uid on
+/// the socket) may use.
 pub(crate) const RESERVED_CONNECTIONS: usize = 32;
 /// Connections of one caller served at once per listener.
 pub(crate) const MAX_PER_CALLER: usize = 64;
 /// Requests one connection may make before it is closed.
 pub(crate) const MAX_REQUESTS_PER_CONNECTION: usize = 1000;
 
+/// Whether a socket caller (`uid:N`) is an admin, read at each accept (the catalog reloads).
+pub(crate) type IsAdmin = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
 /// Serves `app` on `listener` until `stop` turns true.
 pub(crate) async fn serve<L>(
     mut listener: L,
     app: Router,
     header_timeout: Duration,
+    is_admin: IsAdmin,
     mut stop: watch::Receiver<bool>,
 ) where
     L: Listener,
@@ -71,15 +78,16 @@ pub(crate) async fn serve<L>(
             _ = stop.wait_for(|stop| *stop) => break,
         };
         let caller = io.counted_as();
+        let counted_caller = !(io.is_loopback() || is_admin(&caller));
         // A counted caller takes one of the unreserved places, or is closed at once.
-        let unreserved = match caller {
-            Some(_) => match counted.clone().try_acquire_owned() {
+        let unreserved = match counted_caller {
+            true => match counted.clone().try_acquire_owned() {
                 Ok(place) => Some(place),
                 Err(_) => continue,
             },
-            None => None,
+            false => None,
         };
-        let Some(turn) = per_caller.enter(caller) else {
+        let Some(turn) = per_caller.enter(counted_caller.then_some(caller)) else {
             continue; // dropped: closed at once
         };
         let app = match io.caller() {

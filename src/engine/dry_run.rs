@@ -109,6 +109,7 @@ pub(super) async fn run(
         failures: Vec::new(),
         sink_error: None,
         schedule: None,
+        placement: Default::default(),
     };
     let mut fatal = loop {
         let item = tokio::select! {

@@ -34,7 +34,7 @@ use crate::manifest::lock::{self, DestLock};
 use crate::manifest::ready::{self, Ready};
 use crate::manifest::{self, journal, Manifest};
 use crate::plan::filter::KeyFilter;
-use crate::plan::keys::{plan_key, KeyPlan, RelPath, STATE_DIR};
+use crate::plan::keys::{plan_key, KeyPlan, Placement, RelPath, STATE_DIR};
 use crate::report::{
     ByteCounts, Failure, FileRecord, FileStatus, ObjectCounts, ReportSink, RunResult, Summary,
     REPORT_VERSION,
@@ -359,6 +359,7 @@ async fn mirror(
         failures: Vec::new(),
         sink_error: None,
         schedule: schedule.as_deref(),
+        placement: Placement::default(),
     };
     let state_path = cfg.dest.join(STATE_DIR);
     let manifest = &ctx.write.manifest;
@@ -935,6 +936,8 @@ pub(super) struct Tally<'a> {
     pub sink_error: Option<std::io::Error>,
     /// Told of each finished object (a lazy view waits on it).
     pub schedule: Option<&'a Schedule>,
+    /// The files selected so far, so that no path is both a file and a directory.
+    pub placement: Placement,
 }
 
 impl Tally<'_> {
@@ -959,7 +962,13 @@ impl Tally<'_> {
             }
             KeyPlan::File(rel) => {
                 Stats::add(&stats.bytes_listed, entry.size);
-                return Some(rel);
+                match self.placement.place(&rel) {
+                    Ok(()) => return Some(rel),
+                    Err(conflict) => {
+                        let why = ObjectError::Refused(conflict.to_string());
+                        self.failed(entry.key.clone(), why);
+                    }
+                }
             }
         }
         None

@@ -5,11 +5,11 @@
 //! sorted by name: a lookup is a binary search and `readdir` resumes at an index, so a directory
 //! of 100,000 files lists in one pass.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::SystemTime;
 
 use crate::plan::filter::KeyFilter;
-use crate::plan::keys::{plan_key, KeyPlan, RelPath};
+use crate::plan::keys::{plan_key, KeyConflict, KeyPlan, Placement, RelPath};
 use crate::source::list::ObjectEntry;
 
 /// The root's inode number, as the kernel knows it.
@@ -38,10 +38,18 @@ pub(crate) struct Tree {
     bytes: u64,
 }
 
+/// A listed file left out of the view: a file listed before it holds its path.
+#[derive(Debug)]
+pub(crate) struct Collision {
+    pub key: String,
+    pub why: KeyConflict,
+}
+
 impl Tree {
     /// The view of a listing under `prefix`: the files `sync` would write, by the same path
     /// rules and `filter` (a hostile key is not in it), and their keys in listing order (what
-    /// the engine will fetch). A path that collides with another is logged and left out.
+    /// the engine will fetch). A key below a file of the listing is logged and left out, as
+    /// the engine refuses it.
     pub(crate) fn of_listing(
         prefix: &str,
         filter: &KeyFilter,
@@ -54,20 +62,28 @@ impl Tree {
                 _ => None,
             })
             .collect();
-        let keys = files.iter().map(|(entry, _)| entry.key.clone()).collect();
+        let keys: Vec<String> = files.iter().map(|(entry, _)| entry.key.clone()).collect();
         let (tree, collisions) = Self::build(files);
-        for key in collisions {
-            tracing::warn!(key = %key, "not in the view: its path collides with another file or directory");
+        for conflict in &collisions {
+            tracing::warn!(key = %conflict.key, "not in the view: {}", conflict.why);
         }
+        let left_out: HashSet<&str> = collisions.iter().map(|c| c.key.as_str()).collect();
+        let keys = keys
+            .iter()
+            .filter(|key| !left_out.contains(key.as_str()))
+            .cloned()
+            .collect();
         (tree, keys)
     }
 
-    /// The tree of `files` (listed objects and the paths `sync` gives them). A path that
-    /// collides with another (a file where a directory is, or the reverse) is left out of the
-    /// view and returned; the engine fails it when it writes.
+    /// The tree of `files` (listed objects and the paths `sync` gives them), placed in key
+    /// order whatever order they come in, by the engine's rule ([`Placement`]): a key below a
+    /// file of the listing (`a/b` beside `a`) is left out of the view and returned.
     pub(crate) fn build(
         files: impl IntoIterator<Item = (ObjectEntry, RelPath)>,
-    ) -> (Self, Vec<String>) {
+    ) -> (Self, Vec<Collision>) {
+        let mut files: Vec<_> = files.into_iter().collect();
+        files.sort_unstable_by(|(a, _), (b, _)| a.key.cmp(&b.key));
         let mut tree = Self {
             nodes: vec![Node {
                 parent: ROOT,
@@ -80,10 +96,18 @@ impl Tree {
         };
         let mut index: HashMap<(u64, String), u64> = HashMap::new();
         let mut collisions = Vec::new();
-        'files: for (entry, rel) in files {
+        let mut placement = Placement::default();
+        for (entry, rel) in files {
+            if let Err(why) = placement.place(&rel) {
+                collisions.push(Collision {
+                    key: entry.key,
+                    why,
+                });
+                continue;
+            }
             let mut parent = ROOT;
             for segment in rel.parents() {
-                let ino = match index.get(&(parent, segment.to_owned())) {
+                parent = match index.get(&(parent, segment.to_owned())) {
                     Some(&ino) => ino,
                     None => {
                         let ino = tree.add(
@@ -97,17 +121,8 @@ impl Tree {
                         ino
                     }
                 };
-                if !matches!(tree.node(ino).map(|n| &n.kind), Some(Kind::Dir { .. })) {
-                    collisions.push(entry.key);
-                    continue 'files;
-                }
-                parent = ino;
             }
             let name = rel.file_name().to_owned();
-            if index.contains_key(&(parent, name.clone())) {
-                collisions.push(entry.key);
-                continue;
-            }
             tree.files += 1;
             tree.bytes += entry.size;
             let file = FileNode {
@@ -188,10 +203,15 @@ mod tests {
             .collect()
     }
 
+    fn left_out(collisions: &[Collision]) -> Vec<&str> {
+        collisions.iter().map(|c| c.key.as_str()).collect()
+    }
+
     #[test]
     fn nested_names_resolve_and_collisions_are_left_out() {
         let (tree, collisions) = Tree::build(listed(&["b/2", "a", "b/1", "a/x", "b/1/y", "c/d/e"]));
-        assert_eq!(collisions, ["a/x", "b/1/y"]);
+        assert_eq!(left_out(&collisions), ["a/x", "b/1/y"]);
+        assert_eq!(collisions[0].why.file, "a");
         assert_eq!(tree.files(), 4);
         let b = tree.lookup(ROOT, "b").unwrap();
         let Kind::Dir { entries } = &tree.node(b).unwrap().kind else {
@@ -205,5 +225,23 @@ mod tests {
         assert_eq!(tree.node(e).unwrap().parent, d);
         assert!(tree.lookup(ROOT, "zz").is_none());
         assert!(tree.lookup(e, "x").is_none(), "a file has no entries");
+    }
+
+    #[test]
+    fn a_file_and_a_directory_of_one_name_resolve_the_same_whatever_the_order() {
+        for keys in [
+            ["a", "a/b", "a-c"],
+            ["a/b", "a", "a-c"],
+            ["a-c", "a/b", "a"],
+        ] {
+            let (tree, collisions) = Tree::build(listed(&keys));
+            assert_eq!(left_out(&collisions), ["a/b"], "{keys:?}");
+            let a = tree.lookup(ROOT, "a").unwrap();
+            assert!(
+                matches!(&tree.node(a).unwrap().kind, Kind::File(f) if f.key == "a"),
+                "{keys:?}: the file keeps its name"
+            );
+            assert_eq!(tree.files(), 2);
+        }
     }
 }

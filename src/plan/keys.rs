@@ -7,7 +7,13 @@
 //!   segments over 255 bytes, the reserved top-level `.hydrator` directory, and names of
 //!   hydrator's own in-flight files (`.NAME.partial`);
 //! - a key ending in `/` is a directory marker: an empty one is skipped (directories exist
-//!   through their files), one with data is refused, since no file can carry that name.
+//!   through their files), one with data is refused, since no file can carry that name;
+//! - a key that is a file and the directory of other keys (`a` and `a/b`): the first in key
+//!   order keeps the path, which is always the file (`a` sorts before `a/...`); the keys below
+//!   it are refused, each naming it ([`Placement`]). Listings come in key order (a listing that
+//!   does not is an error), so the rule gives the same files every run, whatever the timing of
+//!   the downloads, and decides each key as it is listed: nothing is held back, and what is
+//!   remembered is a chain of the current key's own prefixes.
 
 use std::fmt;
 use std::path::Path;
@@ -133,6 +139,51 @@ pub(crate) fn plan_key(prefix: &str, key: &str, size: u64) -> KeyPlan {
     })
 }
 
+/// A key refused because a file listed before it holds its path or one of its directories.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "key conflict: {file:?} is a file of this listing, so it cannot also be a directory (the key \
+     listed first keeps the path)"
+)]
+pub(crate) struct KeyConflict {
+    /// The path of the file listed first.
+    pub file: String,
+}
+
+/// The files of one listing, placed in key order so that no path is both a file and a
+/// directory. It remembers only the files placed that may still be the directory of a later
+/// key: a chain of prefixes of the last path placed.
+#[derive(Debug, Default)]
+pub(crate) struct Placement {
+    files: Vec<String>,
+}
+
+impl Placement {
+    /// Places `rel`, the next file of a listing in key order; `Err` when a file placed before
+    /// is `rel` itself or one of its directories.
+    pub(crate) fn place(&mut self, rel: &RelPath) -> Result<(), KeyConflict> {
+        let path = rel.as_str();
+        // A file stays while later paths may still lie under it: this one starts with it and
+        // goes on with a byte that sorts no later than '/'.
+        while let Some(file) = self.files.last() {
+            let next = path.as_bytes().get(file.len());
+            match path.starts_with(file.as_str()) && next.is_none_or(|b| *b <= b'/') {
+                true => break,
+                false => self.files.pop(),
+            };
+        }
+        let taken = self.files.iter().find(|file| {
+            let next = path.as_bytes().get(file.len());
+            next.is_none_or(|b| *b == b'/')
+        });
+        if let Some(file) = taken {
+            return Err(KeyConflict { file: file.clone() });
+        }
+        self.files.push(path.to_string());
+        Ok(())
+    }
+}
+
 fn is_partial_name(name: &str) -> bool {
     name.len() > 1 + PARTIAL_SUFFIX.len() && name.starts_with('.') && name.ends_with(PARTIAL_SUFFIX)
 }
@@ -204,6 +255,65 @@ mod tests {
         assert_eq!(top.parents().count(), 0);
         assert_eq!(top.file_name(), "d");
         assert_eq!(top.partial_name(), ".d.partial");
+    }
+
+    fn place_all(keys: &[&str]) -> Vec<Result<(), KeyConflict>> {
+        let mut placement = Placement::default();
+        keys.iter()
+            .map(|key| {
+                let KeyPlan::File(rel) = plan_key("", key, 1) else {
+                    panic!("{key} is a plain key")
+                };
+                placement.place(&rel)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_file_keeps_its_path_and_the_keys_below_it_are_refused_naming_it() {
+        let keys = [
+            "a", "a b", "a b/c", "a-1", "a.txt", "a/b", "a/c/d", "a0", "ab", "b/x", "b/y",
+        ];
+        let conflict = |file: &str| {
+            Err(KeyConflict {
+                file: file.to_string(),
+            })
+        };
+        assert_eq!(
+            place_all(&keys),
+            [
+                Ok(()),
+                Ok(()),
+                conflict("a b"),
+                Ok(()),
+                Ok(()),
+                conflict("a"),
+                conflict("a"),
+                Ok(()),
+                Ok(()),
+                Ok(()),
+                Ok(()),
+            ]
+        );
+        assert_eq!(
+            place_all(&["d/e", "d/e"])[1],
+            conflict("d/e"),
+            "a path twice"
+        );
+        let message = conflict("a").unwrap_err().to_string();
+        assert!(message.contains("\"a\" is a file"), "{message}");
+    }
+
+    #[test]
+    fn what_is_remembered_is_a_chain_of_the_current_keys_prefixes() {
+        let mut placement = Placement::default();
+        for i in 0..10_000 {
+            let KeyPlan::File(rel) = plan_key("", &format!("f-{i:05}"), 1) else {
+                panic!()
+            };
+            placement.place(&rel).unwrap();
+        }
+        assert_eq!(placement.files.len(), 1);
     }
 
     #[test]

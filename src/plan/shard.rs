@@ -22,12 +22,22 @@ impl Shard {
     }
 }
 
-impl FromStr for Shard {
-    type Err = String;
+/// A `--shard` (or catalog `shard`) that is not `INDEX/COUNT`.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{text:?}: a shard is INDEX/COUNT with 0 <= INDEX < COUNT, such as 0/4 (an Indexed Job \
+     passes $(JOB_COMPLETION_INDEX))"
+)]
+pub(crate) struct BadShard {
+    text: String,
+}
 
-    fn from_str(text: &str) -> Result<Self, String> {
-        let bad = || {
-            format!("{text:?}: a shard is INDEX/COUNT with 0 <= INDEX < COUNT, such as 0/4 (an Indexed Job passes $(JOB_COMPLETION_INDEX))")
+impl FromStr for Shard {
+    type Err = BadShard;
+
+    fn from_str(text: &str) -> Result<Self, BadShard> {
+        let bad = || BadShard {
+            text: text.to_string(),
         };
         let (index, count) = text.split_once('/').ok_or_else(bad)?;
         let index: u32 = index.trim().parse().map_err(|_| bad())?;
@@ -84,7 +94,7 @@ mod tests {
         assert_eq!("1/4".parse(), Ok(Shard { index: 1, count: 4 }));
         assert_eq!(Shard { index: 3, count: 8 }.to_string(), "3/8");
         for bad in ["4/4", "1", "-1/4", "a/b", "0/0", ""] {
-            let err = bad.parse::<Shard>().unwrap_err();
+            let err = bad.parse::<Shard>().unwrap_err().to_string();
             assert!(err.contains("INDEX/COUNT"), "{bad}: {err}");
         }
     }

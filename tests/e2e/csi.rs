@@ -391,6 +391,16 @@ fn a_lazy_volume_starts_while_the_dataset_hydrates_and_the_next_pod_after_ready_
     assert_eq!(read_tree(&early), shards, "the first pod reads on");
     csi.publish(&volume("vol-1", "uid-1", "lazy", &early))
         .expect("idempotent");
+    // A restart of the plugin ends the view underneath, not the snapshot bound over it: the
+    // volume reads on and is reported normal.
+    csi.kill_and_restart(Duration::ZERO);
+    assert_eq!(read_tree(&early), shards, "the first pod reads on");
+    let condition = csi
+        .volume_stats("vol-1", &early)
+        .unwrap()
+        .volume_condition
+        .unwrap();
+    assert!(!condition.abnormal, "{condition:?}");
 
     for (id, target) in [("vol-1", &early), ("vol-2", &late)] {
         csi.unpublish(id, target).unwrap();
@@ -611,9 +621,19 @@ fn symlinks_in_the_pods_directory_never_lead_a_mount_an_unmount_or_a_removal_out
         .unwrap();
     assert!(mounted.success());
     std::os::unix::fs::symlink(&tmpfs, pods.join("uid-1/volumes/tmp")).unwrap();
-    let _ = csi.unpublish("vol-3", &pods.join("uid-1/volumes/tmp"));
-    let _ = csi.unpublish("vol-4", &pods.join("uid-2/tmpfs"));
-    let _ = csi.unpublish("vol-5", &through);
+    // Volume ids the plugin never published: answered OK (unpublish is idempotent), on every
+    // retry, and nothing is followed.
+    for _retry in 0..3 {
+        for (id, target) in [
+            ("vol-1", linked.clone()),
+            ("vol-3", pods.join("uid-1/volumes/tmp")),
+            ("vol-4", pods.join("uid-2/tmpfs")),
+            ("vol-5", through.clone()),
+        ] {
+            let answer = csi.unpublish(id, &target);
+            assert!(answer.is_ok(), "{id} at {}: {answer:?}", target.display());
+        }
+    }
     assert_eq!(mounts_on(&tmpfs), 1, "the tmpfs outside stays mounted");
     assert!(
         outside.join("etc/passwd").exists(),
@@ -698,8 +718,16 @@ fn one_identity_cannot_take_the_leases_the_csi_plugin_needs() {
     csi.publish(&volume("vol-1", "uid-1", "full", &target))
         .expect("the admin's quarter is free");
     assert_eq!(read_tree(&target), expected);
-    // Holder names that print as something else are refused.
-    for hidden in ["job%E2%80%AEevil", "job%E2%80%8B", "job%EF%BB%BF"] {
+    // Holder names that print as something else are refused: bidi, zero-width and every other
+    // format character (an Arabic letter mark, an invisible tag letter, a soft hyphen).
+    for hidden in [
+        "job%E2%80%AEevil",
+        "job%E2%80%8B",
+        "job%EF%BB%BF",
+        "job%D8%9C",
+        "job%F3%A0%81%81",
+        "job%C2%AD",
+    ] {
         let path = format!("/v1/datasets/full/leases/{hidden}");
         assert_eq!(
             daemon.tcp_request("PUT", &path, "", TOKEN).0,
@@ -707,6 +735,49 @@ fn one_identity_cannot_take_the_leases_the_csi_plugin_needs() {
             "{hidden}"
         );
     }
+}
+
+#[test]
+fn one_pod_with_many_volumes_holds_its_share_of_the_leases_and_other_pods_still_mount() {
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    let expected = files(&[("x.bin", content(101, 1000))]);
+    server.seed("many/", &expected);
+    let text = csi_catalog(dir.path(), &server, "1GiB", &["many"]).replace(
+        "[cache]\n",
+        "[cache]\nmax_leases_per_dataset = 8\nmax_leases_per_identity = 2\n",
+    );
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    assert!(
+        daemon.warm("many", &[]).status.success(),
+        "{}",
+        daemon.log()
+    );
+    let csi = Csi::start(dir.path(), &daemon);
+    // One pod with eight inline volumes of the dataset: its share is two.
+    let ids: Vec<String> = (0..8).map(|i| format!("vol-a{i}")).collect();
+    let published: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            let target = dir.path().join(format!("pods/uid-a/volumes/{id}/mount"));
+            csi.publish(&volume(id, "uid-a", "many", &target))
+                .map_err(|status| status.code())
+        })
+        .collect();
+    let exhausted = Err(tonic::Code::ResourceExhausted);
+    assert_eq!(published[..2], [Ok(()), Ok(())]);
+    assert!(
+        published[2..].iter().all(|p| *p == exhausted),
+        "{published:?}"
+    );
+    // Another pod mounts the dataset all the same.
+    let other = dir.path().join("pods/uid-b/volumes/vol-b/mount");
+    csi.publish(&volume("vol-b", "uid-b", "many", &other))
+        .expect("the first pod holds its share, not the table");
+    assert_eq!(read_tree(&other), expected);
+    let held = leases(&daemon);
+    let pods: Vec<_> = held.iter().map(|l| l["pod"].as_str().unwrap()).collect();
+    assert_eq!(pods, ["uid-a", "uid-a", "uid-b"], "{held:?}");
 }
 
 #[test]

@@ -1285,12 +1285,72 @@ fn one_uid_or_one_address_cannot_hold_the_api_with_bodies_that_never_come_or_ans
     let _ = holder.wait();
 }
 
+/// Asks `GET /v1/datasets` on the daemon's socket as `uid` (through setpriv): the status line,
+/// or `None` when no answer came within `limit`.
+fn ask_as(uid: u32, socket: &Path, limit: Duration) -> Option<String> {
+    const ASKER: &str = r#"
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(float(sys.argv[2]))
+try:
+    s.connect(sys.argv[1])
+    s.sendall(b"GET /v1/datasets HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    print(s.recv(64).split(b"\r\n")[0].decode())
+except OSError as e:
+    print("no answer:", e)
+"#;
+    let output = std::process::Command::new("setpriv")
+        .args([
+            &format!("--reuid={uid}"),
+            &format!("--regid={uid}"),
+            "--clear-groups",
+            "/usr/bin/python3",
+            "-c",
+            ASKER,
+        ])
+        .arg(socket)
+        .arg(limit.as_secs_f64().to_string())
+        .output()
+        .unwrap();
+    let line = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    line.starts_with("HTTP/").then_some(line)
+}
+
 #[test]
-fn when_many_callers_fill_every_connection_root_loopback_and_the_probes_listener_are_still_answered(
+fn root_on_the_socket_is_a_caller_like_any_other_and_cannot_hold_another_uid_out() {
+    let (daemon, _dir, _server) = daemon_open_to_all("header_timeout_seconds = 30");
+    // A root container that mounts the socket's hostPath opens more connections than there are
+    // places, each with a body that never comes.
+    let socket = format!("unix:{}", daemon.socket.display());
+    let mut root = hold(&socket, 600, None);
+    let asked = std::time::Instant::now();
+    let answer = ask_as(65534, &daemon.socket, Duration::from_secs(5));
+    assert_eq!(
+        answer.as_deref(),
+        Some("HTTP/1.1 200 OK"),
+        "another uid is answered at once, after {:?}",
+        asked.elapsed()
+    );
+    // Root has its share and no more: its next connection is closed at once.
+    let asked = std::time::Instant::now();
+    let more = daemon.request_within("GET", "/v1/datasets", Duration::from_secs(5));
+    assert_eq!(more, None);
+    assert!(
+        asked.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        asked.elapsed()
+    );
+    let _ = root.kill();
+    let _ = root.wait();
+}
+
+#[test]
+fn when_many_callers_fill_every_connection_an_admin_uid_loopback_and_the_probes_listener_are_still_answered(
 ) {
     use std::io::{Read, Write};
-    let (daemon, _dir, _server) =
-        daemon_open_to_all("header_timeout_seconds = 30\nprobes = \"127.0.0.1:0\"");
+    let (daemon, _dir, _server) = daemon_open_to_all(
+        "header_timeout_seconds = 30\nprobes = \"127.0.0.1:0\"\nadmins = [\"uid:0\"]",
+    );
     // Nine callers with their 64 connections each, more than the 512 counted ones, held for
     // the 30 s timeout: on the socket (nine uids) and over TCP (nine addresses).
     let socket = format!("unix:{}", daemon.socket.display());
@@ -1310,7 +1370,7 @@ fn when_many_callers_fill_every_connection_root_loopback_and_the_probes_listener
     assert_eq!(
         answer,
         Some(200),
-        "root on the socket finds a reserved place"
+        "an admin uid on the socket finds a reserved place"
     );
     let asker = daemon.clone();
     let answer = within(Duration::from_secs(5), move || {
@@ -1475,4 +1535,47 @@ fn a_dataset_whose_last_snapshot_was_evicted_hydrates_at_once_whatever_its_refre
     // Nothing of a is left to serve, so its refreshes' back-off does not hold it back.
     let again = daemon.warm("a", &[]);
     assert_ok(&again, &daemon);
+}
+
+#[test]
+fn a_server_that_lists_no_versions_is_said_once_per_dataset_and_metrics_name_the_dataset() {
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    server.seed("nv-a/", &files(&[("x.bin", content(30, 100))]));
+    server.seed("nv-b/", &files(&[("y.bin", content(31, 200))]));
+    // Listed again at every warm: three refreshes of each.
+    let text = catalog(
+        dir.path(),
+        &server.target,
+        "1GiB",
+        "",
+        &[dataset("nv-a", "nv-a/"), dataset("nv-b", "nv-b/")],
+    );
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    for _ in 0..3 {
+        for name in ["nv-a", "nv-b"] {
+            assert_ok(&daemon.warm(name, &[]), &daemon);
+        }
+    }
+    let log = daemon.log();
+    let said: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("does not list object versions"))
+        .collect();
+    assert_eq!(said.len(), 2, "once per dataset:\n{log}");
+    assert!(said.iter().any(|l| l.contains("nv-a")), "{said:?}");
+    assert!(said.iter().any(|l| l.contains("nv-b")), "{said:?}");
+    // Each dataset's own series.
+    let fetched = |name: &str| {
+        daemon.metric(&format!(
+            "hydrator_bytes_fetched_total{{dataset=\"{name}\"}}"
+        ))
+    };
+    assert_eq!((fetched("nv-a"), fetched("nv-b")), (100.0, 200.0));
+    let complete = daemon.metric("hydrator_hydrations_total{dataset=\"nv-b\",result=\"complete\"}");
+    assert_eq!(complete, 3.0);
+    assert_eq!(
+        daemon.metric("hydrator_datasets{dataset=\"nv-a\",state=\"ready\"}"),
+        1.0
+    );
 }

@@ -219,7 +219,53 @@ fn symlink_planted_at_a_partial_name_is_replaced_not_followed() {
     );
 }
 
-/// A key that is both a file and a prefix (`a` and `a/b`): s3s-fs cannot store that, Garage can.
+/// The failures of a run: (key, reason).
+fn failures(run: &support::Run) -> Vec<(String, String)> {
+    run.report()["failures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            let text = |field: &str| f[field].as_str().unwrap().to_string();
+            (text("key"), text("reason"))
+        })
+        .collect()
+}
+
+/// A key that is both a file and a prefix (`a` and `a/b`): the file keeps the path and the keys
+/// below it are refused, the same way every run and in the dry run, whatever the downloads'
+/// timing. s3s-fs cannot store both, so the keys below are added to its listing.
+#[test]
+fn a_file_keeps_its_path_and_the_keys_below_it_are_refused_every_run() {
+    let server = Server::local();
+    let stored = files(&[("a", content(25, 10)), ("c", content(26, 10))]);
+    server.seed("placed/", &stored);
+    let below = ["placed/a/b", "placed/a/c/d"];
+    let injected = below.iter().map(|k| (k.to_string(), 5)).collect();
+    server
+        .faults
+        .add(Rule::listing(Fault::InjectListing(injected)).times(usize::MAX));
+    let (_tmp, dest) = temp_dest();
+    for attempt in ["first", "again"] {
+        let run = server.sync("placed/", &dest, &[]);
+        run.assert_code(1);
+        assert_mirror(&dest, &stored);
+        let failed = failures(&run);
+        let keys: Vec<&str> = failed.iter().map(|(key, _)| key.as_str()).collect();
+        assert_eq!(keys, below, "{attempt}");
+        for (key, reason) in &failed {
+            assert!(
+                reason.contains("key conflict: \"a\" is a file"),
+                "{attempt}: {key}: {reason}"
+            );
+        }
+    }
+    let planned = server.sync("placed/", &dest, &["--dry-run"]);
+    let keys: Vec<String> = failures(&planned).into_iter().map(|(key, _)| key).collect();
+    assert_eq!(keys, below, "the dry run predicts it");
+}
+
+/// The same on a server that stores both keys (Garage).
 #[test]
 fn file_and_prefix_conflict_fails_and_names_the_key_garage() {
     let Some(server) = Server::garage() else {
@@ -234,11 +280,10 @@ fn file_and_prefix_conflict_fails_and_names_the_key_garage() {
     run.assert_code(1);
     assert_eq!(run.count("objects", "failed"), 1);
     assert_eq!(run.count("objects", "downloaded"), 1);
-    let failed = run.report()["failures"][0]["key"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    assert!(run.stderr().contains(&failed), "{}", run.stderr());
+    let failed = failures(&run);
+    assert_eq!(failed[0].0, "conflict/a/b", "{failed:?}");
+    assert!(run.stderr().contains("conflict/a/b"), "{}", run.stderr());
+    assert_eq!(std::fs::read(dest.join("a")).unwrap(), content(23, 10));
 }
 
 fn check_usage_errors(server: &Server) {

@@ -186,13 +186,35 @@ impl Daemon {
         serde_json::from_str(&body).unwrap()
     }
 
-    /// The value of the metric line that starts with `series` (name and labels).
+    /// The sum of the metric's series that `series` names: a name, optionally with labels
+    /// (`name{a="x"}`), matching every series of that name that has those labels, as PromQL's
+    /// `sum(name{a="x"})` (so `hydrator_bytes_fetched_total` adds up its datasets); 0 if none.
     pub fn metric(&self, series: &str) -> f64 {
         let (_, text) = self.request("GET", "/metrics", "");
+        let labels = |s: &str| -> Vec<String> {
+            s.trim_start_matches('{')
+                .trim_end_matches('}')
+                .split(',')
+                .filter(|l| !l.is_empty())
+                .map(str::to_string)
+                .collect()
+        };
+        let (name, wanted) = match series.split_once('{') {
+            Some((name, rest)) => (name, labels(rest)),
+            None => (series, Vec::new()),
+        };
         text.lines()
-            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-            .map(|v| v.parse().unwrap())
-            .unwrap_or(0.0)
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|line| {
+                let (head, value) = line.rsplit_once(' ')?;
+                let (line_name, line_labels) = match head.split_once('{') {
+                    Some((n, rest)) => (n, labels(rest)),
+                    None => (head, Vec::new()),
+                };
+                let matches = line_name == name && wanted.iter().all(|w| line_labels.contains(w));
+                matches.then(|| value.parse::<f64>().unwrap())
+            })
+            .sum()
     }
 
     /// SIGTERM, then the exit status and how long the daemon took to go.
