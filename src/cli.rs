@@ -604,6 +604,29 @@ mod tests {
     }
 
     #[test]
+    fn sizes_on_the_command_line_take_every_form() {
+        let sync = |args: &[&str]| {
+            let line = ["hydrator", "sync", "s3://b/p/", "/d"].iter().chain(args);
+            match Cli::try_parse_from(line).unwrap().command {
+                Command::Sync(sync) => sync.options,
+                _ => panic!("a sync"),
+            }
+        };
+        assert_eq!(sync(&["--part-size", "16Mi"]).part_size, 16 << 20);
+        assert_eq!(sync(&["--part-size", "16M"]).part_size, 16 << 20);
+        let rate = sync(&["--max-bandwidth", "1.5GB"]).max_bandwidth;
+        assert_eq!(rate, Some(1_500_000_000));
+        let bad =
+            Cli::try_parse_from(["hydrator", "sync", "s3://b/p/", "/d", "--part-size", "8XB"]);
+        let message = bad.unwrap_err().to_string();
+        assert!(message.contains("unknown size unit \"XB\""), "{message}");
+        assert!(
+            message.contains("Gi") && message.contains("MB"),
+            "{message}"
+        );
+    }
+
+    #[test]
     fn direct_io_is_auto_unless_asked_and_the_bare_flag_means_always() {
         assert_eq!(direct_io_of(&["s3://b/p/", "/d"]), DirectIo::Auto);
         assert_eq!(

@@ -807,6 +807,30 @@ mod tests {
     }
 
     #[test]
+    fn sizes_are_read_as_people_write_them() {
+        let written = GOOD
+            .replace(
+                "quota = \"10GiB\"",
+                "quota = \"1.5Ti\"\nmax_bandwidth = \"500MB\"",
+            )
+            .replace("free_space_floor = \"1GiB\"", "free_space_floor = \"20Gi\"");
+        let cache = parse(&written, env).unwrap().cache;
+        assert_eq!(cache.quota, 3 << 39);
+        assert_eq!(cache.free_space_floor, 20 << 30);
+        assert_eq!(cache.max_bandwidth, Some(500_000_000));
+        let wrong = GOOD.replace("quota = \"10GiB\"", "quota = \"10 gigs\"");
+        let problems = parse(&wrong, env).unwrap_err().join("\n");
+        assert!(
+            problems.contains("cache.quota: unknown size unit \"gigs\""),
+            "{problems}"
+        );
+        assert!(
+            problems.contains("Gi") && problems.contains("GB"),
+            "{problems}"
+        );
+    }
+
+    #[test]
     fn once_one_dataset_has_access_rules_the_others_are_closed_unless_access_says() {
         let ruled = GOOD.replace(
             "start = \"lazy\"",
