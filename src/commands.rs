@@ -161,11 +161,11 @@ async fn verify(args: VerifyArgs) -> Result<Exit, SyncError> {
 }
 
 async fn snapshot(args: SnapshotArgs) -> Result<Exit, SyncError> {
-    let url = S3Url::parse(&args.source)?;
     let config = args
         .connection
-        .apply(SyncConfig::builder(url.clone(), Default::default()))
+        .for_source(&args.source, Default::default())?
         .build()?;
+    let url = config.source.clone();
     let settings = config.client_settings();
     let mut snapshot = match &args.from {
         Some(file) => snapshot::read(file)?,

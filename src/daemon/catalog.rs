@@ -667,6 +667,7 @@ fn dataset(
                 .map(|(access_key, secret_key)| StaticCredentials {
                     access_key,
                     secret_key,
+                    session_token: None,
                 })
         }
         _ => {

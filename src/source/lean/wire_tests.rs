@@ -79,6 +79,7 @@ async fn lean(endpoint: &str) -> (LeanGets, Arc<Responses>) {
     let credentials = StaticCredentials {
         access_key: "a".to_string(),
         secret_key: "b".to_string(),
+        session_token: None,
     };
     let (lean, responses) = lean_for(&settings(endpoint, credentials)).await;
     (lean.expect("an HTTP endpoint"), responses)
