@@ -33,6 +33,7 @@ pub(crate) mod seal;
 pub(crate) mod signals;
 pub(crate) mod snapshot;
 pub mod source;
+pub(crate) mod suggest;
 pub(crate) mod units;
 pub(crate) mod verify;
 pub(crate) mod warm;

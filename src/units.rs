@@ -36,6 +36,14 @@ pub(crate) const SIZE_FORMS: &str = "a number of bytes (1048576), binary units K
 (also KiB, MiB, ..., and K M G T P: 1024-based as in dd and rclone) or decimal units kB MB GB TB PB \
 (1000-based, as MinIO writes them), fractions allowed (1.5GiB, 500Mi, 10GB)";
 
+/// Unix seconds as RFC 3339 in UTC (`2026-12-01T09:30:00Z`).
+pub(crate) fn rfc3339_from_unix(seconds: u64) -> String {
+    let seconds = i64::try_from(seconds).unwrap_or(i64::MAX);
+    aws_smithy_types::DateTime::from_secs(seconds)
+        .fmt(aws_smithy_types::date_time::Format::DateTime)
+        .unwrap_or_else(|_| format!("unix time {seconds}"))
+}
+
 /// A size that [`parse_size`] does not understand.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum SizeError {
@@ -171,6 +179,12 @@ mod tests {
             parse_size("1.50000000000000000000000000000000000000000KiB").unwrap(),
             1536
         );
+    }
+
+    #[test]
+    fn dates_from_unix_seconds() {
+        assert_eq!(rfc3339_from_unix(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339_from_unix(1_764_714_341), "2025-12-02T22:25:41Z");
     }
 
     #[test]

@@ -174,9 +174,9 @@ async fn warm(client: &Client, args: &WarmArgs) -> Result<Result<Exit, SyncError
             match lease(client, name, holder, &status, args.lease_ttl).await? {
                 Ok(lease) => crate::note!(
                     Level::Info,
-                    "warm: {holder} leases {name} snapshot {} until unix time {}",
+                    "warm: {holder} leases {name} snapshot {} {}",
                     lease.snapshot,
-                    lease.expires_at
+                    crate::lease::expiry(lease.expires_at)
                 ),
                 Err(why @ LeaseRefusal::Replaced(_)) if attempts + 1 < LEASE_ATTEMPTS => {
                     attempts += 1;

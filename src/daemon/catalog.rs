@@ -267,6 +267,23 @@ pub(crate) struct Dataset {
     pub p2p: bool,
 }
 
+impl Catalog {
+    /// Why `name` is refused: no such dataset, and the nearest of the names the caller may use
+    /// (`may_use`) when one is near enough to be a typo. Names the caller may not use are
+    /// never suggested.
+    pub(crate) fn unknown_dataset(&self, name: &str, may_use: impl Fn(&str) -> bool) -> String {
+        let usable = self
+            .datasets
+            .keys()
+            .map(String::as_str)
+            .filter(|n| may_use(n));
+        match crate::suggest::closest(name, usable) {
+            Some(near) => format!("no dataset {name:?} in the catalog; did you mean {near:?}?"),
+            None => format!("no dataset {name:?} in the catalog"),
+        }
+    }
+}
+
 impl Dataset {
     /// A sync config for hydrating this dataset into `dest`.
     pub(crate) fn sync_config(
@@ -828,6 +845,25 @@ mod tests {
         assert!(
             problems.contains("Gi") && problems.contains("GB"),
             "{problems}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_dataset_is_answered_with_the_nearest_usable_name() {
+        let catalog = parse(GOOD, env).unwrap();
+        let anyone = |_: &str| true;
+        assert_eq!(
+            catalog.unknown_dataset("imagnet", anyone),
+            "no dataset \"imagnet\" in the catalog; did you mean \"imagenet\"?"
+        );
+        assert_eq!(
+            catalog.unknown_dataset("laion", anyone),
+            "no dataset \"laion\" in the catalog"
+        );
+        // A name the caller may not use is never suggested.
+        assert_eq!(
+            catalog.unknown_dataset("imagnet", |name| name != "imagenet"),
+            "no dataset \"imagnet\" in the catalog"
         );
     }
 
