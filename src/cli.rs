@@ -77,6 +77,7 @@ value_enum!(ProgressMode { Auto => "auto", Bar => "bar", Log => "log", None => "
 pub enum Command {
     /// Mirror every object under s3://BUCKET/PREFIX/ (or an mc alias's ALIAS/BUCKET/PREFIX/) into
     /// DEST.
+    #[command(override_usage = "hydrator sync [OPTIONS] <SOURCE DEST | --snapshot FILE DEST>")]
     Sync(SyncArgs),
     /// Re-hash every file in DEST against its manifest; --repair fetches bad files again.
     Verify(VerifyArgs),
@@ -93,6 +94,9 @@ pub enum Command {
     Csi(CsiArgs),
     /// Mount s3://BUCKET/PREFIX/ read-only at MOUNTPOINT at once, hydrating it into --cache DIR
     /// meanwhile: files opened first are fetched first; local files read at local speed.
+    #[command(
+        override_usage = "hydrator mount [OPTIONS] --cache DIR <SOURCE MOUNTPOINT | --snapshot FILE MOUNTPOINT>"
+    )]
     Mount(MountArgs),
     /// Print a completion script for SHELL (e.g. `hydrator completions bash >
     /// /etc/bash_completion.d/hydrator`).
@@ -391,10 +395,12 @@ pub struct SyncOptions {
     )]
     pub exclude: Vec<String>,
     /// Only this share of the dataset, INDEX/COUNT (e.g. 2/8): the objects whose path hashes to
-    /// INDEX. The COUNT shares are disjoint and together the whole dataset.
+    /// INDEX. The COUNT shares are disjoint and together the whole dataset; they hold about as
+    /// many objects each, not as many bytes.
     #[arg(
         long,
         env = "HYDRATOR_SHARD",
+        hide_env_values = true,
         value_name = "INDEX/COUNT",
         help_heading = "Filters"
     )]
@@ -678,7 +684,7 @@ impl SyncOptions {
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
+    use clap::{CommandFactory, Parser};
 
     use super::*;
 
@@ -689,6 +695,25 @@ mod tests {
         };
         assert_eq!(sync.paths, ["s3://b/p/", "/d"], "{args:?}");
         sync.options.direct_io
+    }
+
+    #[test]
+    fn no_variable_value_shows_in_the_help_and_no_stray_equals_sign() {
+        let mut root = Cli::command();
+        root.build();
+        let commands = std::iter::once(&root).chain(root.get_subcommands());
+        for command in commands {
+            for arg in command.get_arguments().filter(|a| a.get_env().is_some()) {
+                assert!(
+                    arg.is_hide_env_values_set(),
+                    "{} --{}: clap shows [env: NAME=VALUE] without hide_env_values",
+                    command.get_name(),
+                    arg.get_id()
+                );
+            }
+            let help = command.clone().render_long_help().to_string();
+            assert!(!help.contains("=]"), "{}: {help}", command.get_name());
+        }
     }
 
     #[test]
@@ -712,6 +737,26 @@ mod tests {
             message.contains("Gi") && message.contains("MB"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn the_usage_lines_show_both_forms() {
+        let mut root = Cli::command();
+        for (name, form) in [
+            ("sync", "<SOURCE DEST | --snapshot FILE DEST>"),
+            ("mount", "<SOURCE MOUNTPOINT | --snapshot FILE MOUNTPOINT>"),
+        ] {
+            let usage = root
+                .find_subcommand_mut(name)
+                .unwrap()
+                .render_usage()
+                .to_string();
+            assert!(
+                usage.contains(&format!("hydrator {name} [OPTIONS]")),
+                "{usage}"
+            );
+            assert!(usage.contains(form), "{usage}");
+        }
     }
 
     fn alias(credentials: bool, path_style: Option<bool>) -> McAlias {

@@ -41,17 +41,11 @@ pub async fn run(command: Command) -> Result<Exit, SyncError> {
             Ok(Exit::Success)
         }
         Command::Man(args) => {
-            write_man_pages(&args.dir).local("writing manual pages into", &args.dir)?;
+            crate::man::write_pages(&args.dir).local("writing manual pages into", &args.dir)?;
             crate::out!("hydrator: manual pages written into {}", args.dir.display());
             Ok(Exit::Success)
         }
     }
-}
-
-/// `hydrator.1` and `hydrator-SUBCOMMAND.1` for each subcommand, from the clap definitions.
-fn write_man_pages(dir: &std::path::Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    clap_mangen::generate_to(Cli::command(), dir)
 }
 
 async fn verify(args: VerifyArgs) -> Result<Exit, SyncError> {

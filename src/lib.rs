@@ -23,6 +23,7 @@ pub(crate) mod fs;
 pub mod hash;
 pub(crate) mod host;
 pub(crate) mod lease;
+pub(crate) mod man;
 pub(crate) mod manifest;
 pub(crate) mod mount;
 pub(crate) mod mounts;

@@ -351,3 +351,23 @@ fn the_csi_plugin_checks_the_dataset_first_and_names_the_paths_it_cannot_use() {
         "{missing:?}"
     );
 }
+
+#[test]
+fn the_licence_file_is_the_licence_cargo_toml_names() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    assert!(
+        manifest.contains("\nlicense = \"Apache-2.0\"\n"),
+        "Cargo.toml names another licence"
+    );
+    let licence = std::fs::read_to_string(root.join("LICENSE")).expect("a LICENSE file");
+    for line in [
+        "Apache License",
+        "Version 2.0, January 2004",
+        "http://www.apache.org/licenses/",
+        "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION",
+        "END OF TERMS AND CONDITIONS",
+    ] {
+        assert!(licence.contains(line), "LICENSE lacks {line:?}");
+    }
+}
