@@ -76,6 +76,7 @@ async fn run(endpoint: &str, prefix: &str, rounds: usize, in_flight: usize, only
         credentials: Some(client::StaticCredentials {
             access_key,
             secret_key,
+            session_token: None,
         }),
         profile: None,
         anonymous: false,

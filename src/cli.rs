@@ -11,7 +11,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::config::{self, DirectIo, IoBackendChoice, ProgressMode, SyncConfig, SyncConfigBuilder};
 use crate::console::Format;
 use crate::error::UsageError;
-use crate::source::url::S3Url;
+use crate::source::mc_alias::McAlias;
+use crate::source::url::CliSource;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -74,7 +75,9 @@ value_enum!(ProgressMode { Auto => "auto", Bar => "bar", Log => "log", None => "
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Mirror every object under s3://BUCKET/PREFIX/ into DEST.
+    /// Mirror every object under s3://BUCKET/PREFIX/ (or an mc alias's ALIAS/BUCKET/PREFIX/) into
+    /// DEST.
+    #[command(override_usage = "hydrator sync [OPTIONS] <SOURCE DEST | --snapshot FILE DEST>")]
     Sync(SyncArgs),
     /// Re-hash every file in DEST against its manifest; --repair fetches bad files again.
     Verify(VerifyArgs),
@@ -91,6 +94,9 @@ pub enum Command {
     Csi(CsiArgs),
     /// Mount s3://BUCKET/PREFIX/ read-only at MOUNTPOINT at once, hydrating it into --cache DIR
     /// meanwhile: files opened first are fetched first; local files read at local speed.
+    #[command(
+        override_usage = "hydrator mount [OPTIONS] --cache DIR <SOURCE MOUNTPOINT | --snapshot FILE MOUNTPOINT>"
+    )]
     Mount(MountArgs),
     /// Print a completion script for SHELL (e.g. `hydrator completions bash >
     /// /etc/bash_completion.d/hydrator`).
@@ -246,8 +252,9 @@ pub struct WarmArgs {
 
 #[derive(Debug, Args)]
 pub struct SyncArgs {
-    /// SOURCE DEST: s3://BUCKET/PREFIX/ (keys are mirrored relative to PREFIX) and the
-    /// destination directory (created if missing). With --snapshot, DEST only.
+    /// SOURCE DEST: s3://BUCKET/PREFIX/ or ALIAS/BUCKET/PREFIX/ with an mc alias (MC_HOST_ALIAS
+    /// or ~/.mc/config.json; keys are mirrored relative to PREFIX) and the destination directory
+    /// (created if missing). With --snapshot, DEST only.
     #[arg(required = true, num_args = 1..=2, value_names = ["SOURCE", "DEST"])]
     pub paths: Vec<String>,
     /// Hydrate exactly the objects recorded in this snapshot file (see `hydrator snapshot`).
@@ -263,7 +270,8 @@ pub struct SyncArgs {
 
 #[derive(Debug, Args)]
 pub struct MountArgs {
-    /// SOURCE MOUNTPOINT: s3://BUCKET/PREFIX/ and the empty directory to mount the view on.
+    /// SOURCE MOUNTPOINT: s3://BUCKET/PREFIX/ (or ALIAS/BUCKET/PREFIX/ with an mc alias) and the
+    /// empty directory to mount the view on.
     /// With --snapshot, MOUNTPOINT only.
     #[arg(required = true, num_args = 1..=2, value_names = ["SOURCE", "MOUNTPOINT"])]
     pub paths: Vec<String>,
@@ -387,10 +395,12 @@ pub struct SyncOptions {
     )]
     pub exclude: Vec<String>,
     /// Only this share of the dataset, INDEX/COUNT (e.g. 2/8): the objects whose path hashes to
-    /// INDEX. The COUNT shares are disjoint and together the whole dataset.
+    /// INDEX. The COUNT shares are disjoint and together the whole dataset; they hold about as
+    /// many objects each, not as many bytes.
     #[arg(
         long,
         env = "HYDRATOR_SHARD",
+        hide_env_values = true,
         value_name = "INDEX/COUNT",
         help_heading = "Filters"
     )]
@@ -496,7 +506,7 @@ pub struct VerifyArgs {
 
 #[derive(Debug, Args)]
 pub struct SnapshotArgs {
-    /// s3://BUCKET/PREFIX/ to freeze.
+    /// s3://BUCKET/PREFIX/ (or ALIAS/BUCKET/PREFIX/ with an mc alias) to freeze.
     pub source: String,
     /// The snapshot file to write.
     #[arg(short, long)]
@@ -542,7 +552,14 @@ impl SyncArgs {
                 )
             }
             (Some(_), _) => return Err(UsageError::new("with --snapshot, give only DEST")),
-            (None, [source, dest]) => (S3Url::parse(source)?, PathBuf::from(dest), None),
+            (None, [source, dest]) => {
+                let config = self.options.for_source(source, PathBuf::from(dest))?;
+                return SyncConfigBuilder {
+                    dry_run: self.dry_run,
+                    ..config
+                }
+                .build();
+            }
             (None, _) => {
                 return Err(UsageError::new(
                     "expected SOURCE and DEST (or --snapshot FILE DEST)",
@@ -575,7 +592,84 @@ impl ConnectionOptions {
     }
 }
 
+/// The process's environment, as the source's parser and [`with_alias`] read it.
+fn process_env(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+/// `config` with what an mc alias says where the command line and the environment leave it
+/// open: `--endpoint-url` (AWS_ENDPOINT_URL) comes before the alias's URL, `--path-style`
+/// (HYDRATOR_PATH_STYLE) before its `path`, and credentials of their own (AWS_ACCESS_KEY_ID,
+/// `--profile` or AWS_PROFILE, `--no-sign-request`) before its keys. An alias without keys
+/// sends unsigned requests, as mc does.
+fn with_alias(
+    config: SyncConfigBuilder,
+    alias: McAlias,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> SyncConfigBuilder {
+    let own_credentials = config.credentials.is_some()
+        || config.profile.is_some()
+        || config.anonymous
+        || env("AWS_ACCESS_KEY_ID").is_some_and(|key| !key.is_empty());
+    tracing::debug!(
+        "source {}: mc alias from {}, endpoint {}{}",
+        config.source,
+        alias.origin,
+        config.endpoint.as_deref().unwrap_or(&alias.endpoint),
+        match own_credentials {
+            true => ", the alias's keys set aside for credentials given otherwise",
+            false => "",
+        }
+    );
+    let (credentials, anonymous) = match own_credentials {
+        true => (config.credentials, config.anonymous),
+        false => (alias.credentials.clone(), alias.credentials.is_none()),
+    };
+    SyncConfigBuilder {
+        endpoint: config.endpoint.or(Some(alias.endpoint)),
+        path_style: config.path_style.or(alias.path_style),
+        credentials,
+        anonymous,
+        ..config
+    }
+}
+
+/// The settings for `source` (`s3://BUCKET/PREFIX/` or an mc alias's `ALIAS/BUCKET/PREFIX/`)
+/// and `dest`: `apply` sets the options, then the alias fills in what they leave open.
+fn for_source(
+    source: &str,
+    dest: PathBuf,
+    apply: impl FnOnce(SyncConfigBuilder) -> SyncConfigBuilder,
+) -> Result<SyncConfigBuilder, UsageError> {
+    let source = CliSource::parse(source, &process_env)?;
+    let config = apply(SyncConfig::builder(source.url, dest));
+    Ok(match source.alias {
+        Some(alias) => with_alias(config, alias, &process_env),
+        None => config,
+    })
+}
+
+impl ConnectionOptions {
+    /// The settings for `source` and `dest` with these options (see [`for_source`]).
+    pub(crate) fn for_source(
+        &self,
+        source: &str,
+        dest: PathBuf,
+    ) -> Result<SyncConfigBuilder, UsageError> {
+        for_source(source, dest, |config| self.apply(config))
+    }
+}
+
 impl SyncOptions {
+    /// The settings for `source` and `dest` with every option (see [`for_source`]).
+    pub(crate) fn for_source(
+        &self,
+        source: &str,
+        dest: PathBuf,
+    ) -> Result<SyncConfigBuilder, UsageError> {
+        for_source(source, dest, |config| self.apply(config))
+    }
+
     /// Applies every option to `config`.
     pub(crate) fn apply(&self, config: SyncConfigBuilder) -> SyncConfigBuilder {
         SyncConfigBuilder {
@@ -601,7 +695,7 @@ impl SyncOptions {
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
+    use clap::{CommandFactory, Parser};
 
     use super::*;
 
@@ -612,6 +706,129 @@ mod tests {
         };
         assert_eq!(sync.paths, ["s3://b/p/", "/d"], "{args:?}");
         sync.options.direct_io
+    }
+
+    #[test]
+    fn no_variable_value_shows_in_the_help_and_no_stray_equals_sign() {
+        let mut root = Cli::command();
+        root.build();
+        let commands = std::iter::once(&root).chain(root.get_subcommands());
+        for command in commands {
+            for arg in command.get_arguments().filter(|a| a.get_env().is_some()) {
+                assert!(
+                    arg.is_hide_env_values_set(),
+                    "{} --{}: clap shows [env: NAME=VALUE] without hide_env_values",
+                    command.get_name(),
+                    arg.get_id()
+                );
+            }
+            let help = command.clone().render_long_help().to_string();
+            assert!(!help.contains("=]"), "{}: {help}", command.get_name());
+        }
+    }
+
+    #[test]
+    fn sizes_on_the_command_line_take_every_form() {
+        let sync = |args: &[&str]| {
+            let line = ["hydrator", "sync", "s3://b/p/", "/d"].iter().chain(args);
+            match Cli::try_parse_from(line).unwrap().command {
+                Command::Sync(sync) => sync.options,
+                _ => panic!("a sync"),
+            }
+        };
+        assert_eq!(sync(&["--part-size", "16Mi"]).part_size, 16 << 20);
+        assert_eq!(sync(&["--part-size", "16M"]).part_size, 16 << 20);
+        let rate = sync(&["--max-bandwidth", "1.5GB"]).max_bandwidth;
+        assert_eq!(rate, Some(1_500_000_000));
+        let bad =
+            Cli::try_parse_from(["hydrator", "sync", "s3://b/p/", "/d", "--part-size", "8XB"]);
+        let message = bad.unwrap_err().to_string();
+        assert!(message.contains("unknown size unit \"XB\""), "{message}");
+        assert!(
+            message.contains("Gi") && message.contains("MB"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn the_usage_lines_show_both_forms() {
+        let mut root = Cli::command();
+        for (name, form) in [
+            ("sync", "<SOURCE DEST | --snapshot FILE DEST>"),
+            ("mount", "<SOURCE MOUNTPOINT | --snapshot FILE MOUNTPOINT>"),
+        ] {
+            let usage = root
+                .find_subcommand_mut(name)
+                .unwrap()
+                .render_usage()
+                .to_string();
+            assert!(
+                usage.contains(&format!("hydrator {name} [OPTIONS]")),
+                "{usage}"
+            );
+            assert!(usage.contains(form), "{usage}");
+        }
+    }
+
+    fn alias(credentials: bool, path_style: Option<bool>) -> McAlias {
+        McAlias {
+            endpoint: "http://minio:9000".into(),
+            credentials: credentials.then(|| crate::source::client::StaticCredentials {
+                access_key: "KEY".into(),
+                secret_key: "SECRET".into(),
+                session_token: None,
+            }),
+            path_style,
+            origin: crate::source::mc_alias::Origin::Environment("MC_HOST_depot".into()),
+        }
+    }
+
+    fn builder() -> SyncConfigBuilder {
+        let url = crate::source::url::S3Url::parse("s3://jeux-data/vision-2026/").unwrap();
+        SyncConfig::builder(url, "/cache".into())
+    }
+
+    #[test]
+    fn an_alias_fills_what_the_options_and_the_environment_leave_open() {
+        let no_env = |_: &str| None;
+        let filled = with_alias(builder(), alias(true, Some(false)), &no_env);
+        assert_eq!(filled.endpoint.as_deref(), Some("http://minio:9000"));
+        assert_eq!(filled.credentials.as_ref().unwrap().secret_key, "SECRET");
+        assert_eq!(filled.path_style, Some(false));
+        assert!(!filled.anonymous);
+
+        // --endpoint-url and --path-style come first.
+        let given = SyncConfigBuilder {
+            endpoint: Some("https://other:9000".into()),
+            path_style: Some(true),
+            ..builder()
+        };
+        let filled = with_alias(given, alias(true, Some(false)), &no_env);
+        assert_eq!(filled.endpoint.as_deref(), Some("https://other:9000"));
+        assert_eq!(filled.path_style, Some(true));
+
+        // Credentials of their own: AWS_ACCESS_KEY_ID, --profile, --no-sign-request.
+        let aws_keys = |name: &str| (name == "AWS_ACCESS_KEY_ID").then(|| "AKIA".to_string());
+        let filled = with_alias(builder(), alias(true, None), &aws_keys);
+        assert!(filled.credentials.is_none() && !filled.anonymous);
+        let profile = SyncConfigBuilder {
+            profile: Some("training".into()),
+            ..builder()
+        };
+        assert!(with_alias(profile, alias(true, None), &no_env)
+            .credentials
+            .is_none());
+        let unsigned = SyncConfigBuilder {
+            anonymous: true,
+            ..builder()
+        };
+        let filled = with_alias(unsigned, alias(true, None), &no_env);
+        assert!(filled.credentials.is_none() && filled.anonymous);
+
+        // An alias without keys: unsigned, as mc sends it.
+        let filled = with_alias(builder(), alias(false, None), &no_env);
+        assert!(filled.credentials.is_none() && filled.anonymous);
+        assert!(filled.build().is_ok());
     }
 
     #[test]

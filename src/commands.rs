@@ -41,17 +41,11 @@ pub async fn run(command: Command) -> Result<Exit, SyncError> {
             Ok(Exit::Success)
         }
         Command::Man(args) => {
-            write_man_pages(&args.dir).local("writing manual pages into", &args.dir)?;
+            crate::man::write_pages(&args.dir).local("writing manual pages into", &args.dir)?;
             crate::out!("hydrator: manual pages written into {}", args.dir.display());
             Ok(Exit::Success)
         }
     }
-}
-
-/// `hydrator.1` and `hydrator-SUBCOMMAND.1` for each subcommand, from the clap definitions.
-fn write_man_pages(dir: &std::path::Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    clap_mangen::generate_to(Cli::command(), dir)
 }
 
 async fn verify(args: VerifyArgs) -> Result<Exit, SyncError> {
@@ -161,11 +155,11 @@ async fn verify(args: VerifyArgs) -> Result<Exit, SyncError> {
 }
 
 async fn snapshot(args: SnapshotArgs) -> Result<Exit, SyncError> {
-    let url = S3Url::parse(&args.source)?;
     let config = args
         .connection
-        .apply(SyncConfig::builder(url.clone(), Default::default()))
+        .for_source(&args.source, Default::default())?
         .build()?;
+    let url = config.source.clone();
     let settings = config.client_settings();
     let mut snapshot = match &args.from {
         Some(file) => snapshot::read(file)?,

@@ -38,6 +38,15 @@ impl UsageError {
     }
 }
 
+/// A run whose selection holds no object, and `--allow-empty` was not given: a typo in the
+/// prefix, filters that keep nothing, an object's key given as the prefix. `why` says which,
+/// naming the source; the daemon words the remedy its own way (its catalog's `allow_empty`).
+#[derive(Debug, thiserror::Error)]
+#[error("nothing to mirror: {why} (--allow-empty accepts an empty dataset)")]
+pub struct EmptySelection {
+    pub why: String,
+}
+
 /// A local filesystem operation that failed: what was being done, to which path, and why.
 #[derive(Debug, thiserror::Error)]
 #[error("{action} {}: {source}", path.display())]
@@ -120,6 +129,9 @@ pub enum SourceErrorKind {
     NoSuchBucket,
     #[error("the credentials were rejected ({0})")]
     CredentialsRejected(HttpAnswer),
+    /// The server computed another signature: the access key is known, its secret is not this.
+    #[error("the secret key is wrong: the server computes another signature with the access key's secret ({0}); check the secret (AWS_SECRET_ACCESS_KEY, the profile's or the mc alias's)")]
+    WrongSecretKey(HttpAnswer),
     #[error("access denied ({0})")]
     AccessDenied(HttpAnswer),
     /// An unsigned request refused: the bucket does not allow anonymous access.
@@ -141,6 +153,11 @@ pub enum SourceErrorKind {
     NoCredentials(String),
     #[error("cannot connect: {0}")]
     Connection(String),
+    /// TLS asked of a server that answers plain HTTP.
+    #[error(
+        "the endpoint answers plain HTTP, not HTTPS ({0}): write it with http://, not https://"
+    )]
+    PlainHttp(String),
     /// TLS: the server's certificate is not trusted or names another host.
     #[error("the server's certificate is not trusted: {0}; if your own CA signed it, give its certificate with --ca-bundle (AWS_CA_BUNDLE), and reach the server by a name the certificate holds")]
     UntrustedCertificate(String),
@@ -172,6 +189,8 @@ impl SourceErrorKind {
             Changed => Remedy::Restart,
             NoSuchBucket
             | CredentialsRejected(_)
+            | WrongSecretKey(_)
+            | PlainHttp(_)
             | AccessDenied(_)
             | NotPublic(_)
             | WrongRegion(_)
@@ -289,6 +308,9 @@ pub enum LeaseRefusal {
 pub enum SyncError {
     #[error(transparent)]
     Usage(#[from] UsageError),
+    /// Nothing selected: a usage error (exit 2) the daemon reports in its own words.
+    #[error(transparent)]
+    EmptySelection(#[from] EmptySelection),
     /// The object store refused the run as configured (credentials, bucket, region): exit 2.
     #[error(transparent)]
     Source(SourceError),
@@ -315,6 +337,7 @@ impl SyncError {
     pub fn exit(&self) -> Exit {
         match self {
             SyncError::Usage(_)
+            | SyncError::EmptySelection(_)
             | SyncError::Source(_)
             | SyncError::Warm(WarmError::Denied { .. })
             | SyncError::Lease(LeaseError::Denied { .. }) => Exit::Usage,

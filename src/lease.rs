@@ -17,7 +17,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cli::LeaseArgs;
 use crate::console::Level;
-use crate::daemon::protocol::{Lease, LeaseRequest};
+use crate::daemon::protocol::{Lease, LeaseRequest, UNTIL_RELEASED};
 use crate::daemon_client::{explain, percent_encode, CallError, Client};
 use crate::error::{Exit, LeaseError, SyncError, UsageError};
 
@@ -64,10 +64,11 @@ pub(crate) async fn run(args: LeaseArgs) -> Result<Exit, SyncError> {
                 if !held {
                     crate::note!(
                         Level::Info,
-                        "lease: {} holds {} snapshot {}; renewing every {} s",
+                        "lease: {} holds {} snapshot {} {}; renewing every {} s",
                         args.holder,
                         args.name,
                         lease.snapshot,
+                        expiry(lease.expires_at),
                         every.as_secs()
                     );
                 }
@@ -88,6 +89,14 @@ pub(crate) async fn run(args: LeaseArgs) -> Result<Exit, SyncError> {
     }
     release(&client, &path, &args).await?;
     Ok(Exit::Success)
+}
+
+/// When a lease ends, for a person: `until 2026-12-01T09:30:00Z` (UTC), or `until released`.
+pub(crate) fn expiry(expires_at: u64) -> String {
+    match expires_at {
+        UNTIL_RELEASED => "until released".to_string(),
+        at => format!("until {}", crate::units::rfc3339_from_unix(at)),
+    }
 }
 
 /// How a renewal failed.
@@ -157,6 +166,12 @@ fn snapshot_of(file: &Path) -> Result<String, UsageError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_expiry_reads_as_a_date() {
+        assert_eq!(expiry(1_764_714_341), "until 2025-12-02T22:25:41Z");
+        assert_eq!(expiry(UNTIL_RELEASED), "until released");
+    }
 
     #[test]
     fn the_snapshot_is_the_last_component_of_the_ready_directory() {

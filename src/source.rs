@@ -1,4 +1,4 @@
-//! The S3 side: `s3://` URLs, client construction (from its own settings, so this module needs
+//! The S3 side: `s3://` URLs and mc's aliases, client construction (from its own settings, so this module needs
 //! nothing from the sync's configuration), the `ObjectSource` trait the engine reads through and
 //! its S3 implementation, the streamed listing, the checks every ranged GET's answer passes, and
 //! the one place where S3 and HTTP errors are classified into what hydrator does about them.
@@ -11,6 +11,7 @@ pub(crate) mod errors;
 pub(crate) mod fetch;
 pub(crate) mod lean;
 pub(crate) mod list;
+pub(crate) mod mc_alias;
 #[cfg(test)]
 pub(crate) mod memory;
 pub(crate) mod object_source;

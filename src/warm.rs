@@ -21,7 +21,6 @@ use crate::daemon_client::{explain, percent_encode, CallError, Client};
 use crate::error::{Exit, IoContext, LeaseRefusal, SyncError, UsageError, WarmError};
 use crate::fs;
 use crate::plan::shard::Shard;
-use crate::source::url::S3Url;
 use crate::units::human_bytes;
 
 const POLL_INTERVAL: Duration = Duration::from_millis(500);
@@ -82,10 +81,7 @@ fn fallback_config(args: &WarmArgs) -> Result<Option<SyncConfig>, UsageError> {
     let [source, dest] = args.fallback.as_slice() else {
         return Ok(None);
     };
-    let source = S3Url::parse(source)?;
-    let config = args
-        .options
-        .apply(SyncConfig::builder(source, PathBuf::from(dest)));
+    let config = args.options.for_source(source, PathBuf::from(dest))?;
     config.build().map(Some)
 }
 
@@ -178,9 +174,9 @@ async fn warm(client: &Client, args: &WarmArgs) -> Result<Result<Exit, SyncError
             match lease(client, name, holder, &status, args.lease_ttl).await? {
                 Ok(lease) => crate::note!(
                     Level::Info,
-                    "warm: {holder} leases {name} snapshot {} until unix time {}",
+                    "warm: {holder} leases {name} snapshot {} {}",
                     lease.snapshot,
-                    lease.expires_at
+                    crate::lease::expiry(lease.expires_at)
                 ),
                 Err(why @ LeaseRefusal::Replaced(_)) if attempts + 1 < LEASE_ATTEMPTS => {
                     attempts += 1;

@@ -235,13 +235,26 @@ impl Plugin {
     pub(crate) async fn publish(&self, request: &NodePublishVolumeRequest) -> Result<(), Status> {
         let ask = Ask::parse(request, &self.pods_dir)?;
         let _turn = self.turn(&ask.id).await;
-        let target = Target::open(&self.pods_dir, &ask.target)
-            .and_then(|target| target.check().map(|()| target))
-            .map_err(local)?;
         let record = self.record(&ask.id);
+        let at_target = |err| local(&ask.target, err);
+        let target = Target::open(&self.pods_dir, &ask.target)
+            .map_err(|err| unreachable_target(&ask.target, err))
+            .and_then(|target| target.check().map(|()| target).map_err(at_target));
+        // Published here already: nothing to ask the daemon.
+        if let (Ok(target), Some(published)) = (&target, &record) {
+            let same = published.target == ask.target && published.dataset == ask.dataset;
+            if same && matches!(target.mounted(), Ok(Mounted::ReadOnly)) {
+                return Ok(());
+            }
+        }
+        // The dataset is checked before the filesystem: a pod that names no dataset of the
+        // catalog is told so (with the nearest name) whatever its target looks like.
+        let served = self.served(&ask.dataset, ask.start, &ask.pod).await?;
+        let target = target?;
         // One lease per volume id: a second target would share it, and lose it with either.
         if let Some(elsewhere) = record.as_ref().filter(|p| p.target != ask.target) {
-            if self.mounted(&elsewhere.target).map_err(local)? != Mounted::No {
+            let mounted = self.mounted(&elsewhere.target);
+            if mounted.map_err(|err| local(&elsewhere.target, err))? != Mounted::No {
                 return Err(Status::already_exists(format!(
                     "volume {} is already published at {}",
                     ask.id,
@@ -250,7 +263,7 @@ impl Plugin {
             }
         }
         if let Some(published) = record.filter(|p| p.target == ask.target) {
-            match target.mounted().map_err(local)? {
+            match target.mounted().map_err(at_target)? {
                 Mounted::ReadOnly if published.dataset == ask.dataset => return Ok(()),
                 Mounted::ReadOnly => {
                     return Err(Status::already_exists(format!(
@@ -259,11 +272,10 @@ impl Plugin {
                     )))
                 }
                 // A publish cut short between its bind and its read-only remount.
-                Mounted::Writable => target.unmount().map_err(local)?,
+                Mounted::Writable => target.unmount().map_err(at_target)?,
                 Mounted::No => {}
             }
         }
-        let served = self.served(&ask.dataset, ask.start, &ask.pod).await?;
         let chosen_by_pod = ask.snapshot.is_some();
         let snapshot = ask.snapshot.clone().unwrap_or(served.snapshot.clone());
         let dir = snapshot_dir(&served.dir, &snapshot)?;
@@ -276,7 +288,7 @@ impl Plugin {
             holder: ask.holder,
             target: ask.target,
         };
-        self.volumes.write(&volume).map_err(local)?;
+        (self.volumes.write(&volume)).map_err(|err| local(&self.volumes.path(&volume.id), err))?;
         self.lease(&volume)
             .await
             .map_err(|refusal| served_snapshot_gone(refusal, chosen_by_pod))?;
@@ -330,14 +342,15 @@ impl Plugin {
         match Target::open(&self.pods_dir, target) {
             Ok(target) => {
                 // A volume this plugin has no record of: only what it mounts is taken down.
-                let top = target.top_mount().map_err(local)?;
+                let at_target = |err| local(target.path(), err);
+                let top = target.top_mount().map_err(at_target)?;
                 if record.is_none() && top.is_some_and(|top| !top.is_hydrators()) {
                     return Err(Status::failed_precondition(format!(
                         "no volume {id} was published at {}, and what is mounted there is not the cache's: left alone",
                         target.path().display()
                     )));
                 }
-                while target.mounted().map_err(local)? != Mounted::No {
+                while target.mounted().map_err(at_target)? != Mounted::No {
                     target.unmount().map_err(|err| {
                         let at = target.path().display();
                         // Something still has a file open through the mount: a later try
@@ -363,12 +376,12 @@ impl Plugin {
             Err(err) if target::through_symlink(&err) => {
                 return Err(Status::failed_precondition(err.to_string()))
             }
-            Err(err) => return Err(local(err)),
+            Err(err) => return Err(unreachable_target(target, err)),
         }
         self.serving_mut().remove(id);
         if let Some(volume) = record {
             self.release(&volume).await?;
-            self.volumes.remove(id).map_err(local)?;
+            (self.volumes.remove(id)).map_err(|err| local(&self.volumes.path(id), err))?;
             tracing::info!(volume = %id, "unpublished {} from {}", volume.dataset, target.display());
         }
         self.forget_turn(id);
@@ -398,12 +411,13 @@ impl Plugin {
             };
             let outcome = match self.mounted(&volume.target) {
                 Ok(Mounted::No) => match self.release(&volume).await {
-                    Ok(()) => self.volumes.remove(&volume.id).map_err(local),
+                    Ok(()) => (self.volumes.remove(&volume.id))
+                        .map_err(|err| local(&self.volumes.path(&volume.id), err)),
                     Err(status) => Err(status),
                 },
                 Ok(_) if held.contains(&volume.holder) => Ok(()),
                 Ok(_) => self.lease(&volume).await,
-                Err(err) => Err(local(err)),
+                Err(err) => Err(local(&volume.target, err)),
             };
             if let Err(status) = outcome {
                 tracing::warn!(volume = %volume.id, "reconciling: {}", status.message());
@@ -772,8 +786,19 @@ fn daemon_unreachable(err: CallError) -> Status {
     }
 }
 
-fn local(err: std::io::Error) -> Status {
-    Status::internal(err.to_string())
+/// A target whose directory cannot be reached (missing, or reached through a symlink).
+fn unreachable_target(target: &Path, err: std::io::Error) -> Status {
+    let parent = target.parent().unwrap_or(target);
+    Status::internal(format!(
+        "target path {}: its directory {}: {err}",
+        target.display(),
+        parent.display()
+    ))
+}
+
+/// A filesystem error at `path`, naming it.
+fn local(path: &Path, err: std::io::Error) -> Status {
+    Status::internal(format!("{}: {err}", path.display()))
 }
 
 #[cfg(test)]

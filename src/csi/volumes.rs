@@ -45,7 +45,7 @@ impl Volumes {
         Ok(Self { dir })
     }
 
-    fn path(&self, id: &str) -> PathBuf {
+    pub(crate) fn path(&self, id: &str) -> PathBuf {
         self.dir.join(format!("{id}.json"))
     }
 

@@ -19,8 +19,8 @@ use super::flight::{self, Warm};
 use super::holder;
 use super::identity::{self, Caller};
 use super::protocol::{
-    DatasetStatus, ErrorBody, LeaseRequest, State as DatasetState, WantRequest, WarmRequest,
-    UNTIL_RELEASED,
+    DatasetStatus, ErrorBody, LeaseRequest, PodIdentity, State as DatasetState, WantRequest,
+    WarmRequest, UNTIL_RELEASED,
 };
 use super::registry::{self, LeaseAsk, LeaseRefused};
 use super::Daemon;
@@ -125,10 +125,22 @@ async fn check_token(State(daemon): Shared, mut request: Request, next: Next) ->
     next.run(request).await
 }
 
-/// The catalog's dataset `name`, if the caller may use it.
-fn check_dataset(daemon: &Daemon, caller: &Caller, name: &str) -> Result<Dataset, Box<Response>> {
-    let Some(dataset) = daemon.catalog().datasets.get(name).cloned() else {
-        return Err(Box::new(unknown(name)));
+/// The catalog's dataset `name`, if the caller may use it. An unknown name is answered with
+/// the nearest name the caller (and `pod`, when the request is for one) may use.
+fn check_dataset(
+    daemon: &Daemon,
+    caller: &Caller,
+    name: &str,
+    pod: Option<&PodIdentity>,
+) -> Result<Dataset, Box<Response>> {
+    let catalog = daemon.catalog();
+    let Some(dataset) = catalog.datasets.get(name).cloned() else {
+        let pod_may_use = |known: &str| {
+            pod.is_none_or(|pod| catalog.datasets[known].access.check(known, pod).is_ok())
+        };
+        let why =
+            catalog.unknown_dataset(name, |known| caller.may_use(known) && pod_may_use(known));
+        return Err(Box::new(error(StatusCode::NOT_FOUND, why)));
     };
     match caller.may_use(name) {
         true => Ok(dataset),
@@ -183,13 +195,6 @@ fn body<T: DeserializeOwned + Default>(bytes: &Bytes) -> Result<T, Box<Response>
     })
 }
 
-fn unknown(name: &str) -> Response {
-    error(
-        StatusCode::NOT_FOUND,
-        format!("no dataset {name:?} in the catalog"),
-    )
-}
-
 async fn list(State(daemon): Shared, caller: Extension<Caller>) -> Json<Vec<DatasetStatus>> {
     let catalog = daemon.catalog();
     let registry = daemon.registry();
@@ -208,7 +213,7 @@ async fn status(
     caller: Extension<Caller>,
     Path(name): Path<String>,
 ) -> Response {
-    if let Err(response) = check_dataset(&daemon, &caller, &name) {
+    if let Err(response) = check_dataset(&daemon, &caller, &name, None) {
         return *response;
     }
     Json(daemon.registry().status(&daemon.root, &name)).into_response()
@@ -224,7 +229,7 @@ async fn warm(
         Ok(request) => request,
         Err(response) => return *response,
     };
-    let dataset = match check_dataset(&daemon, &caller, &name) {
+    let dataset = match check_dataset(&daemon, &caller, &name, request.pod.as_ref()) {
         Ok(dataset) => dataset,
         Err(response) => return *response,
     };
@@ -271,7 +276,7 @@ async fn want(
         Ok(request) => request,
         Err(response) => return *response,
     };
-    if let Err(response) = check_dataset(&daemon, &caller, &name) {
+    if let Err(response) = check_dataset(&daemon, &caller, &name, None) {
         return *response;
     }
     let wanted = {
@@ -340,7 +345,7 @@ async fn take_lease(
         Ok(request) => request,
         Err(response) => return *response,
     };
-    if let Err(response) = check_dataset(&daemon, &caller, &name) {
+    if let Err(response) = check_dataset(&daemon, &caller, &name, None) {
         return *response;
     }
     if let Err(bad) = holder::check(&holder) {
@@ -417,7 +422,7 @@ async fn release_lease(
     caller: Extension<Caller>,
     Path((name, holder)): Path<(String, String)>,
 ) -> Response {
-    if let Err(response) = check_dataset(&daemon, &caller, &name) {
+    if let Err(response) = check_dataset(&daemon, &caller, &name, None) {
         return *response;
     }
     let ask = lease_ask(&daemon, &caller);

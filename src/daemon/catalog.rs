@@ -267,6 +267,23 @@ pub(crate) struct Dataset {
     pub p2p: bool,
 }
 
+impl Catalog {
+    /// Why `name` is refused: no such dataset, and the nearest of the names the caller may use
+    /// (`may_use`) when one is near enough to be a typo. Names the caller may not use are
+    /// never suggested.
+    pub(crate) fn unknown_dataset(&self, name: &str, may_use: impl Fn(&str) -> bool) -> String {
+        let usable = self
+            .datasets
+            .keys()
+            .map(String::as_str)
+            .filter(|n| may_use(n));
+        match crate::suggest::closest(name, usable) {
+            Some(near) => format!("no dataset {name:?} in the catalog; did you mean {near:?}?"),
+            None => format!("no dataset {name:?} in the catalog"),
+        }
+    }
+}
+
 impl Dataset {
     /// A sync config for hydrating this dataset into `dest`.
     pub(crate) fn sync_config(
@@ -672,6 +689,7 @@ fn dataset(
                 .map(|(access_key, secret_key)| StaticCredentials {
                     access_key,
                     secret_key,
+                    session_token: None,
                 })
         }
         _ => {
@@ -809,6 +827,49 @@ mod tests {
         assert_eq!(catalog.datasets["coco"].start, Start::Ready);
         assert!(catalog.datasets["coco"].credentials.is_none());
         assert_eq!(catalog.datasets["coco"].refresh, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn sizes_are_read_as_people_write_them() {
+        let written = GOOD
+            .replace(
+                "quota = \"10GiB\"",
+                "quota = \"1.5Ti\"\nmax_bandwidth = \"500MB\"",
+            )
+            .replace("free_space_floor = \"1GiB\"", "free_space_floor = \"20Gi\"");
+        let cache = parse(&written, env).unwrap().cache;
+        assert_eq!(cache.quota, 3 << 39);
+        assert_eq!(cache.free_space_floor, 20 << 30);
+        assert_eq!(cache.max_bandwidth, Some(500_000_000));
+        let wrong = GOOD.replace("quota = \"10GiB\"", "quota = \"10 gigs\"");
+        let problems = parse(&wrong, env).unwrap_err().join("\n");
+        assert!(
+            problems.contains("cache.quota: unknown size unit \"gigs\""),
+            "{problems}"
+        );
+        assert!(
+            problems.contains("Gi") && problems.contains("GB"),
+            "{problems}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_dataset_is_answered_with_the_nearest_usable_name() {
+        let catalog = parse(GOOD, env).unwrap();
+        let anyone = |_: &str| true;
+        assert_eq!(
+            catalog.unknown_dataset("imagnet", anyone),
+            "no dataset \"imagnet\" in the catalog; did you mean \"imagenet\"?"
+        );
+        assert_eq!(
+            catalog.unknown_dataset("laion", anyone),
+            "no dataset \"laion\" in the catalog"
+        );
+        // A name the caller may not use is never suggested.
+        assert_eq!(
+            catalog.unknown_dataset("imagnet", |name| name != "imagenet"),
+            "no dataset \"imagnet\" in the catalog"
+        );
     }
 
     #[test]

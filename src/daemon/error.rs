@@ -4,7 +4,7 @@
 use std::io;
 
 use super::space::Budget;
-use crate::error::{LocalError, SyncError};
+use crate::error::{EmptySelection, LocalError, SyncError};
 use crate::units::human_bytes;
 
 /// Why a hydration ended without a ready snapshot.
@@ -28,6 +28,9 @@ pub(crate) enum HydrationError {
         key: String,
         reason: String,
     },
+    /// Nothing selected, and the catalog does not allow an empty dataset.
+    #[error("nothing to mirror: {} (allow_empty = true in the dataset's catalog entry accepts an empty dataset)", .0.why)]
+    EmptySelection(EmptySelection),
     #[error("the hydration did not complete")]
     Incomplete,
     #[error("the hydration task panicked: {0}")]

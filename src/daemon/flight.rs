@@ -316,6 +316,7 @@ async fn hydrate(
     if outcome.exit != Exit::Success {
         let summary = outcome.summary;
         return Err(match (outcome.error, summary.failures.into_iter().next()) {
+            (Some(SyncError::EmptySelection(empty)), _) => HydrationError::EmptySelection(empty),
             (Some(error), _) => HydrationError::Sync(error),
             (None, Some(first)) => HydrationError::ObjectsFailed {
                 failed: summary.objects.failed,

@@ -80,6 +80,7 @@ async fn a_refused_answer_is_recorded_and_left_to_the_sdk() {
     let wrong = StaticCredentials {
         access_key: server.credentials.access_key.clone(),
         secret_key: "not the secret".to_string(),
+        session_token: None,
     };
     let (lean, responses) = lean_with(&server, wrong).await;
     assert!(lean.get(&object(KEYS[0]), None).await.is_none());

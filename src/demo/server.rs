@@ -29,6 +29,7 @@ impl EmbeddedS3 {
         let credentials = StaticCredentials {
             access_key: format!("demo{:016x}", fastrand::u64(..)),
             secret_key: format!("{:032x}", fastrand::u128(..)),
+            session_token: None,
         };
         let service = s3_service(root, &credentials, None)?;
         let listener = TcpListener::bind(("127.0.0.1", 0)).await?;

@@ -24,7 +24,9 @@ use super::stats::Stats;
 use crate::bound::Bound;
 use crate::config::{Concurrency, SyncConfig};
 use crate::console::{self, Level};
-use crate::error::{Exit, IoContext, LocalError, ObjectError, SyncError, UsageError};
+use crate::error::{
+    EmptySelection, Exit, IoContext, LocalError, ObjectError, SyncError, UsageError,
+};
 use crate::fs::Dir;
 use crate::host::Host;
 use crate::manifest::fold::Folded;
@@ -43,7 +45,6 @@ use crate::snapshot;
 use crate::source::list::{self, ObjectEntry};
 use crate::source::object_source::{ObjectRef, ObjectSource};
 use crate::source::s3::S3Source;
-use crate::source::url::S3Url;
 use crate::write::buffer::{BufferPool, WRITE_BUFFER_SIZE};
 use crate::write::commit::Committer;
 use crate::write::dest::{Dest, DirectWrites};
@@ -708,19 +709,21 @@ pub(super) fn refuse_another_dataset(cfg: &SyncConfig, state_dir: &Dir) -> Resul
 
 /// Why a run that selected no object fails, unless `--allow-empty`: a typo in the prefix,
 /// filters that keep nothing or an object's key given as the prefix would otherwise write
-/// READY over an empty directory, and a trainer would start on nothing.
+/// READY over an empty directory, and a trainer would start on nothing. A prefix that lists
+/// nothing costs one more request: a HEAD (is it an object's key?) and, when it is not, one
+/// listing of its parent for a near name ("did you mean").
 pub(super) async fn empty_selection(
     cfg: &SyncConfig,
     stats: &Stats,
     source: &dyn ObjectSource,
-) -> Option<UsageError> {
+) -> Option<EmptySelection> {
     if cfg.allow_empty || stats.objects_finished() > 0 {
         return None;
     }
     let listed = Stats::get(&stats.objects_listed);
     let markers = Stats::get(&stats.directory_markers);
     let origin = match &cfg.snapshot {
-        Some(snapshot) => format!("snapshot {}", snapshot.digest),
+        Some(snapshot) => format!("snapshot {} of {}", snapshot.digest, cfg.source),
         None => cfg.source.to_string(),
     };
     let mut why = match listed {
@@ -740,32 +743,71 @@ pub(super) async fn empty_selection(
     };
     let key = cfg.source.prefix.trim_end_matches('/');
     if listed == 0 && cfg.snapshot.is_none() && !key.is_empty() {
+        let bucket = &cfg.source.bucket;
+        let parent = key
+            .rsplit_once('/')
+            .map_or(String::new(), |(dir, _)| format!("{dir}/"));
         let object = ObjectRef {
-            bucket: &cfg.source.bucket,
+            bucket,
             key,
             version_id: None,
             etag: "",
         };
         if source.head(object, false).await.is_ok() {
-            let parent = S3Url {
-                bucket: cfg.source.bucket.clone(),
-                prefix: key
-                    .rsplit_once('/')
-                    .map_or(String::new(), |(dir, _)| format!("{dir}/")),
-            };
-            why = format!(
-                "{why}: s3://{}/{key} is an object, not a prefix; its prefix is {parent}",
-                cfg.source.bucket
-            );
+            why = format!("{why}: s3://{bucket}/{key} is an object, not a prefix; its prefix is s3://{bucket}/{parent}");
+        } else if let Some(near) = near_prefix(source, bucket, &parent, key).await {
+            why = format!("{why}; did you mean s3://{bucket}/{near}?");
         }
     }
-    Some(UsageError::new(format!(
-        "nothing to mirror: {why} (--allow-empty accepts an empty dataset)"
-    )))
+    Some(EmptySelection { why })
+}
+
+/// The prefix beside `key` (under `parent`) whose name is nearest to `key`'s, if one is near
+/// enough to be what was meant.
+async fn near_prefix(
+    source: &dyn ObjectSource,
+    bucket: &str,
+    parent: &str,
+    key: &str,
+) -> Option<String> {
+    let directories = match source.list_directories(bucket, parent).await {
+        Ok(directories) => directories,
+        Err(err) => {
+            tracing::debug!("looking for a prefix near {key}: {err}");
+            return None;
+        }
+    };
+    let name_of = |directory: &str| {
+        let name = directory.strip_prefix(parent).unwrap_or(directory);
+        name.trim_end_matches('/').to_string()
+    };
+    let names: Vec<String> = directories.iter().map(|d| name_of(d)).collect();
+    let wanted = key.strip_prefix(parent).unwrap_or(key);
+    let near = crate::suggest::closest(wanted, names.iter().map(String::as_str))?;
+    Some(format!("{parent}{near}/"))
 }
 
 /// The error for a DEST that cannot be opened.
 pub(super) fn dest_unusable(cfg: &SyncConfig, err: std::io::Error) -> UsageError {
+    // DEST, or a directory on its way, is a file: said so, not as "File exists".
+    let mut ancestors: Vec<&std::path::Path> = cfg.dest.ancestors().collect();
+    ancestors.reverse();
+    let file = ancestors
+        .into_iter()
+        .filter(|path| !path.as_os_str().is_empty())
+        .find(|path| std::fs::metadata(path).is_ok_and(|meta| !meta.is_dir()));
+    if let Some(file) = file {
+        let dest = cfg.dest.display();
+        return UsageError::new(match file == cfg.dest {
+            true => format!(
+                "destination {dest} must be a directory (created if missing), but it is a file"
+            ),
+            false => format!(
+                "destination {dest} must be a directory (created if missing), but {} is a file",
+                file.display()
+            ),
+        });
+    }
     let remedy = match err.kind() {
         std::io::ErrorKind::PermissionDenied => format!(
             " (this process runs as uid {}: in a pod, give the volume to its group with securityContext.fsGroup, or chown the directory)",

@@ -32,11 +32,14 @@ const MIN_RETRY_TOKENS: usize = 500;
 /// unless set up otherwise).
 const DEFAULT_ENDPOINT_REGION: &str = "us-east-1";
 
-/// Static credentials, for the embedded demo server; the CLI uses the standard AWS chain.
-#[derive(Clone)]
+/// Static credentials: a catalog dataset's, an mc alias's, the embedded demo server's. Without
+/// them the standard AWS chain is used.
+#[derive(Clone, PartialEq, Eq)]
 pub struct StaticCredentials {
     pub access_key: String,
     pub secret_key: String,
+    /// Temporary credentials' token (an mc alias's `sessionToken`).
+    pub session_token: Option<String>,
 }
 
 /// The secret never reaches a log or a panic message.
@@ -45,6 +48,10 @@ impl std::fmt::Debug for StaticCredentials {
         f.debug_struct("StaticCredentials")
             .field("access_key", &self.access_key)
             .field("secret_key", &"<redacted>")
+            .field(
+                "session_token",
+                &self.session_token.as_ref().map(|_| "<redacted>"),
+            )
             .finish()
     }
 }
@@ -198,7 +205,7 @@ pub(crate) async fn build_with_credentials(
         loader = loader.credentials_provider(Credentials::new(
             &creds.access_key,
             &creds.secret_key,
-            None,
+            creds.session_token.clone(),
             None,
             "hydrator-static",
         ));

@@ -26,6 +26,13 @@ where
         {
             SourceErrorKind::NoCredentials(credentials_problem(&err))
         }
+        SdkError::DispatchFailure(failure)
+            if failure
+                .as_connector_error()
+                .is_some_and(|e| answered_without_tls(e)) =>
+        {
+            SourceErrorKind::PlainHttp(root_cause(&err))
+        }
         // rustls' own words; the error reaches here as text inside an io::Error.
         SdkError::DispatchFailure(_)
             if describe_chain(&err).contains("invalid peer certificate") =>
@@ -52,20 +59,55 @@ fn classify_status(answer: HttpAnswer) -> SourceErrorKind {
     match (answer.status, answer.code.as_str()) {
         (412, _) => Changed,
         (_, "NoSuchBucket") => NoSuchBucket,
-        (
-            _,
-            "InvalidAccessKeyId"
-            | "SignatureDoesNotMatch"
-            | "InvalidToken"
-            | "ExpiredToken"
-            | "NotSignedUp",
-        ) => CredentialsRejected(answer),
+        (_, "SignatureDoesNotMatch") => WrongSecretKey(answer),
+        // Garage refuses a bad signature as AccessDenied, "Forbidden: Invalid signature", and an
+        // unknown key as "Forbidden: No such key: GK…".
+        (403, "AccessDenied") if answer.message.contains("Invalid signature") => {
+            WrongSecretKey(answer)
+        }
+        (403, "AccessDenied") if answer.message.contains("No such key") => {
+            CredentialsRejected(answer)
+        }
+        (_, "InvalidAccessKeyId" | "InvalidToken" | "ExpiredToken" | "NotSignedUp") => {
+            CredentialsRejected(answer)
+        }
         (_, "AccessDenied") | (403, _) => AccessDenied(answer),
         (_, "PermanentRedirect" | "AuthorizationHeaderMalformed") | (301, _) => WrongRegion(answer),
         (404, _) | (_, "NoSuchKey") => NotFound(answer),
         (429 | 500..=599, _) | (_, "SlowDown" | "RequestTimeout") => Unavailable(answer),
         _ => Refused(answer),
     }
+}
+
+/// Whether the TLS handshake failed because the server answered something that is not TLS:
+/// rustls finds no TLS record type in the answer (`InvalidContentType`), as when an `https://`
+/// endpoint is a plain-HTTP port that answers the ClientHello with `HTTP/1.1 400`. rustls'
+/// error travels inside an `io::Error` inside another (the TLS connector's), and an io::Error's
+/// `source` skips what it wraps, so each io::Error is opened down to what it holds.
+fn answered_without_tls(err: &(dyn std::error::Error + 'static)) -> bool {
+    let not_tls = |e: &(dyn std::error::Error + 'static)| {
+        matches!(
+            e.downcast_ref::<rustls::Error>(),
+            Some(rustls::Error::InvalidMessage(
+                rustls::InvalidMessage::InvalidContentType
+            ))
+        )
+    };
+    let mut cause = Some(err);
+    while let Some(e) = cause {
+        let mut wrapped = Some(e);
+        while let Some(layer) = wrapped {
+            if not_tls(layer) {
+                return true;
+            }
+            wrapped = layer
+                .downcast_ref::<std::io::Error>()
+                .and_then(std::io::Error::get_ref)
+                .map(|inner| inner as &(dyn std::error::Error + 'static));
+        }
+        cause = e.source();
+    }
+    false
 }
 
 /// Whether resolving credentials is what failed (none found, or the provider broke).
@@ -124,5 +166,74 @@ pub(crate) trait HasStatus {
 impl HasStatus for aws_sdk_s3::config::http::HttpResponse {
     fn status_code(&self) -> u16 {
         self.status().as_u16()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(status: u16, code: &str, message: &str) -> HttpAnswer {
+        HttpAnswer {
+            status,
+            code: code.into(),
+            message: message.into(),
+        }
+    }
+
+    #[test]
+    fn a_bad_signature_reads_as_a_wrong_secret_key_whichever_server_says_it() {
+        let s3 = classify_status(answer(
+            403,
+            "SignatureDoesNotMatch",
+            "The request signature we calculated does not match",
+        ));
+        let garage = classify_status(answer(403, "AccessDenied", "Forbidden: Invalid signature"));
+        for kind in [s3, garage] {
+            assert!(
+                matches!(kind, SourceErrorKind::WrongSecretKey(_)),
+                "{kind:?}"
+            );
+            assert!(
+                kind.to_string().contains("the secret key is wrong"),
+                "{kind}"
+            );
+            assert_eq!(kind.remedy(), crate::error::Remedy::Usage);
+        }
+        let unknown_key = classify_status(answer(
+            403,
+            "AccessDenied",
+            "Forbidden: No such key: GK31c2f218a2e44f485b94239e",
+        ));
+        assert!(
+            matches!(unknown_key, SourceErrorKind::CredentialsRejected(_)),
+            "{unknown_key:?}"
+        );
+        let denied = classify_status(answer(
+            403,
+            "AccessDenied",
+            "Forbidden: Operation is not allowed for this key.",
+        ));
+        assert!(
+            matches!(denied, SourceErrorKind::AccessDenied(_)),
+            "{denied:?}"
+        );
+    }
+
+    #[test]
+    fn a_plain_http_answer_to_a_tls_handshake_is_recognised_inside_an_io_error() {
+        // As the SDK's TLS connector hands it over: rustls' error in an io::Error in another.
+        let tls = rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType);
+        let io = std::io::Error::new(std::io::ErrorKind::InvalidData, tls);
+        let connector = std::io::Error::other(io);
+        assert!(answered_without_tls(&connector));
+        let other = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidMessage(rustls::InvalidMessage::MessageTooShort),
+        );
+        assert!(!answered_without_tls(&other));
+        assert!(!answered_without_tls(&std::io::Error::from(
+            std::io::ErrorKind::ConnectionRefused
+        )));
     }
 }

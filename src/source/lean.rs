@@ -329,6 +329,7 @@ mod tests {
         let credentials = StaticCredentials {
             access_key: "a".to_string(),
             secret_key: "b".to_string(),
+            session_token: None,
         };
         for (endpoint, lean) in [
             ("http://127.0.0.1:9000", true),
@@ -354,6 +355,7 @@ mod tests {
         let credentials = StaticCredentials {
             access_key: "a".to_string(),
             secret_key: "b".to_string(),
+            session_token: None,
         };
         let settings = settings("http://h:9", credentials);
         let lean = |path_style| LeanGets {

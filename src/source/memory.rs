@@ -174,6 +174,22 @@ impl ObjectSource for MemorySource {
         async move { Ok(page) }.boxed()
     }
 
+    fn list_directories<'a>(
+        &'a self,
+        _bucket: &'a str,
+        prefix: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<String>, SourceError>> {
+        self.log.lock().unwrap().push(Request::List);
+        let objects = self.objects.lock().unwrap();
+        let directories = (objects.keys())
+            .filter_map(|key| key.strip_prefix(prefix))
+            .filter_map(|rest| rest.split_once('/'))
+            .map(|(name, _)| format!("{prefix}{name}/"))
+            .collect::<std::collections::BTreeSet<_>>();
+        let directories = directories.into_iter().collect();
+        async move { Ok(directories) }.boxed()
+    }
+
     fn head<'a>(
         &'a self,
         object: ObjectRef<'a>,

@@ -87,6 +87,14 @@ pub(crate) trait ObjectSource: Send + Sync + 'static {
         continuation: Option<String>,
     ) -> BoxFuture<'a, Result<ListPage, SourceError>>;
 
+    /// The "directories" right under `prefix` (`prefix` + `NAME/`), from the first page of a
+    /// listing with delimiter `/`: one request, for a "did you mean" when `prefix` holds nothing.
+    fn list_directories<'a>(
+        &'a self,
+        bucket: &'a str,
+        prefix: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<String>, SourceError>>;
+
     /// HEAD of `object`, with its full-object checksum when `checksum` is asked for.
     fn head<'a>(
         &'a self,

@@ -105,6 +105,27 @@ impl ObjectSource for S3Source {
         .boxed()
     }
 
+    fn list_directories<'a>(
+        &'a self,
+        bucket: &'a str,
+        prefix: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<String>, SourceError>> {
+        async move {
+            let page = self
+                .client
+                .list_objects_v2()
+                .bucket(bucket)
+                .prefix(prefix)
+                .delimiter("/")
+                .send()
+                .await
+                .map_err(|err| self.classify(err, format!("listing s3://{bucket}/{prefix}")))?;
+            let directories = page.common_prefixes().iter().filter_map(|p| p.prefix());
+            Ok(directories.map(str::to_string).collect())
+        }
+        .boxed()
+    }
+
     fn head<'a>(
         &'a self,
         object: ObjectRef<'a>,

@@ -1,6 +1,13 @@
-//! `s3://BUCKET/PREFIX/` URLs: parsed once, with the bucket name checked against S3's rules.
+//! `s3://BUCKET/PREFIX/` URLs: parsed once, with the bucket name checked against S3's rules; and
+//! a command line's source, which may also be written `ALIAS/BUCKET/PREFIX/` with one of mc's
+//! aliases.
 
+use super::mc_alias::{self, McAlias};
 use crate::error::UsageError;
+
+/// The two ways a command line may name a source, for messages.
+const SOURCE_FORMS: &str =
+    "expected s3://BUCKET/PREFIX/, or ALIAS/BUCKET/PREFIX/ with an mc alias (MC_HOST_ALIAS or mc's config file)";
 
 /// `s3://bucket/prefix/`: the prefix, if not empty, always ends with `/`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -11,19 +18,24 @@ pub(crate) struct S3Url {
 
 impl S3Url {
     pub(crate) fn parse(url: &str) -> Result<Self, UsageError> {
-        let bad = |why: &dyn std::fmt::Display| {
-            UsageError::new(format!("invalid source URL {url:?}: {why}"))
-        };
-        let rest = url
-            .strip_prefix("s3://")
-            .ok_or_else(|| bad(&"expected s3://BUCKET/PREFIX/"))?;
+        let rest = url.strip_prefix("s3://").ok_or_else(|| {
+            UsageError::new(format!(
+                "invalid source URL {url:?}: expected s3://BUCKET/PREFIX/"
+            ))
+        })?;
+        Self::from_bucket_and_prefix(rest)
+            .map_err(|why| UsageError::new(format!("invalid source URL {url:?}: {why}")))
+    }
+
+    /// `BUCKET/PREFIX/`, what follows `s3://` or an alias.
+    fn from_bucket_and_prefix(rest: &str) -> Result<Self, String> {
         let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
         if bucket.is_empty() {
-            return Err(bad(&"the bucket name is missing"));
+            return Err("the bucket name is missing".into());
         }
-        validate_bucket_name(bucket).map_err(|why| bad(&why))?;
+        validate_bucket_name(bucket).map_err(|why| why.to_string())?;
         if prefix.contains('\0') {
-            return Err(bad(&"the prefix contains a NUL byte"));
+            return Err("the prefix contains a NUL byte".into());
         }
         let mut prefix = prefix.to_string();
         if !prefix.is_empty() && !prefix.ends_with('/') {
@@ -32,6 +44,52 @@ impl S3Url {
         Ok(Self {
             bucket: bucket.to_string(),
             prefix,
+        })
+    }
+}
+
+/// A source as the command line takes it: `s3://BUCKET/PREFIX/`, or `ALIAS/BUCKET/PREFIX/` as
+/// `mc mirror` takes it, with the server and keys of mc's alias.
+#[derive(Debug)]
+pub(crate) struct CliSource {
+    pub url: S3Url,
+    pub alias: Option<McAlias>,
+}
+
+impl CliSource {
+    /// Parses `text`; an alias is looked up with `env` (`MC_HOST_<ALIAS>`, mc's config file).
+    pub(crate) fn parse(
+        text: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Self, UsageError> {
+        if text.starts_with("s3://") {
+            return Ok(Self {
+                url: S3Url::parse(text)?,
+                alias: None,
+            });
+        }
+        let bad = |why: &str| UsageError::new(format!("invalid source {text:?}: {why}"));
+        let aliased = text
+            .split_once('/')
+            .filter(|(alias, _)| !text.contains("://") && mc_alias::is_alias_name(alias));
+        let Some((name, rest)) = aliased else {
+            return Err(bad(SOURCE_FORMS));
+        };
+        let alias = mc_alias::resolve(name, env)
+            .map_err(|err| bad(&err.to_string()))?
+            .ok_or_else(|| {
+                let file = mc_alias::config_file(env).map_or_else(
+                    || "mc's config file".to_string(),
+                    |file| file.display().to_string(),
+                );
+                bad(&format!(
+                    "{name:?} is no mc alias (MC_HOST_{name} is not set and {file} defines no alias {name:?}): {SOURCE_FORMS}"
+                ))
+            })?;
+        let url = S3Url::from_bucket_and_prefix(rest).map_err(|why| bad(&why))?;
+        Ok(Self {
+            url,
+            alias: Some(alias),
         })
     }
 }
@@ -92,5 +150,61 @@ mod tests {
         ] {
             assert!(S3Url::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    fn env_of(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+    }
+
+    #[test]
+    fn a_source_is_an_s3_url_or_an_mc_alias_path() {
+        let env = env_of(&[
+            ("MC_HOST_depot", "http://KEY:SECRET@minio:9000"),
+            ("MC_CONFIG_DIR", "/nonexistent"),
+        ]);
+        let plain = CliSource::parse("s3://jeux-data/vision-2026/", &env).unwrap();
+        assert_eq!(plain.url.to_string(), "s3://jeux-data/vision-2026/");
+        assert!(plain.alias.is_none());
+
+        let aliased = CliSource::parse("depot/jeux-data/vision-2026", &env).unwrap();
+        assert_eq!(aliased.url.to_string(), "s3://jeux-data/vision-2026/");
+        let alias = aliased.alias.unwrap();
+        assert_eq!(alias.endpoint, "http://minio:9000");
+        assert_eq!(alias.credentials.unwrap().secret_key, "SECRET");
+        let bucket_only = CliSource::parse("depot/jeux-data", &env).unwrap();
+        assert_eq!(bucket_only.url.prefix, "");
+    }
+
+    #[test]
+    fn a_source_of_neither_form_names_both() {
+        let env = env_of(&[
+            ("MC_HOST_depot", "http://KEY:SECRET@minio:9000"),
+            ("MC_CONFIG_DIR", "/etc/mc"),
+        ]);
+        for (text, says) in [
+            ("/data/imagenet", "expected s3://BUCKET/PREFIX/, or ALIAS/BUCKET/PREFIX/"),
+            ("http://minio:9000/b/p", "expected s3://BUCKET/PREFIX/, or ALIAS/BUCKET/PREFIX/"),
+            ("jeux-data", "expected s3://BUCKET/PREFIX/, or ALIAS/BUCKET/PREFIX/"),
+            (
+                "minio/jeux-data/x/",
+                "\"minio\" is no mc alias (MC_HOST_minio is not set and /etc/mc/config.json defines no alias \"minio\"): expected s3://BUCKET/PREFIX/, or ALIAS/BUCKET/PREFIX/",
+            ),
+            ("depot//x", "the bucket name is missing"),
+            ("depot/ab/x", "3 to 63 characters"),
+        ] {
+            let err = CliSource::parse(text, &env).unwrap_err().to_string();
+            assert!(err.starts_with(&format!("invalid source {text:?}: ")), "{err}");
+            assert!(err.contains(says), "{text}: {err}");
+            assert!(!err.contains("SECRET"), "{err}");
+        }
+        let broken = env_of(&[("MC_HOST_depot", "minio:9000")]);
+        let err = CliSource::parse("depot/b1/p", &broken)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("MC_HOST_depot is not of the form"), "{err}");
     }
 }

@@ -12,6 +12,7 @@ mod docs;
 mod dry_run;
 mod fleet;
 mod front_door;
+mod habits;
 mod https;
 mod memory;
 mod mount;

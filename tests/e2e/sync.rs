@@ -293,8 +293,7 @@ fn check_usage_errors(server: &Server) {
     let run = support::hydrator_sync(&wrong, &format!("s3://{}/x/", wrong.bucket), &dest, &[]);
     run.assert_code(2);
     assert!(
-        run.stderr().contains("credentials were rejected")
-            || run.stderr().contains("access denied"),
+        run.stderr().contains("the secret key is wrong") || run.stderr().contains("access denied"),
         "{}",
         run.stderr()
     );

@@ -82,6 +82,7 @@ async fn lean(endpoint: &str) -> (LeanGets, Arc<Responses>) {
     let credentials = StaticCredentials {
         access_key: "a".to_string(),
         secret_key: "b".to_string(),
+        session_token: None,
     };
     let (lean, responses) = lean_for(&settings(endpoint, credentials)).await;
     (lean.expect("an HTTP endpoint"), responses)
@@ -258,6 +259,7 @@ async fn an_answer_without_an_etag_is_not_taken_for_the_object() {
     let credentials = StaticCredentials {
         access_key: "a".to_string(),
         secret_key: "b".to_string(),
+        session_token: None,
     };
     let source = S3Source::for_settings(&settings(&endpoint, credentials), Arc::default()).await;
     let object = PinnedObject {

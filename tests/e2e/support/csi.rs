@@ -170,6 +170,11 @@ impl Csi {
         if let Some(parent) = volume.target.parent() {
             std::fs::create_dir_all(parent).unwrap();
         }
+        self.publish_as_is(volume)
+    }
+
+    /// One NodePublishVolume call, with the target's directories as they are.
+    pub fn publish_as_is(&self, volume: &Volume) -> Result<(), tonic::Status> {
         let mut context: std::collections::HashMap<String, String> = [
             ("dataset", volume.dataset),
             ("csi.storage.k8s.io/pod.uid", volume.pod_uid),

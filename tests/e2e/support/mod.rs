@@ -100,6 +100,7 @@ impl Server {
         let credentials = hydrator::source::client::StaticCredentials {
             access_key: "AKIATESTHYDRATOR0001".into(),
             secret_key: "test-secret-key-of-the-in-process-server".into(),
+            session_token: None,
         };
         let inner =
             hydrator::demo::server::s3_service(data.path(), &credentials, Some(PUBLIC_BUCKET))
