@@ -25,7 +25,7 @@ pub async fn run(command: Command) -> Result<Exit, SyncError> {
                 .map(Outcome::print)
         }
         #[cfg(feature = "demo")]
-        Command::Demo(args) => crate::demo::run(args).await.map(Outcome::print),
+        Command::Demo(args) => crate::demo::run(args).await,
         Command::Verify(args) => verify(args).await,
         Command::Snapshot(args) => snapshot(args).await,
         Command::Daemon(args) => crate::daemon::run(&args.config).await,

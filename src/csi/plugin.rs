@@ -248,9 +248,14 @@ impl Plugin {
             }
         }
         // The dataset is checked before the filesystem: a pod that names no dataset of the
-        // catalog is told so (with the nearest name) whatever its target looks like.
-        let served = self.served(&ask.dataset, ask.start, &ask.pod).await?;
+        // catalog (or one it may not mount) is told so whatever its target looks like; a target
+        // the plugin cannot use is refused before the pod is told to wait for a hydration.
+        let served = match self.served(&ask.dataset, ask.start, &ask.pod).await {
+            Err(refused) if refused.code() != tonic::Code::Unavailable => return Err(refused),
+            served => served,
+        };
         let target = target?;
+        let served = served?;
         // One lease per volume id: a second target would share it, and lose it with either.
         if let Some(elsewhere) = record.as_ref().filter(|p| p.target != ask.target) {
             let mounted = self.mounted(&elsewhere.target);

@@ -3,6 +3,7 @@
 //! unicode), with pseudo-random content from a fixed seed.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use aws_sdk_s3::primitives::ByteStream;
 use futures::{StreamExt, TryStreamExt};
@@ -19,7 +20,6 @@ const UPLOADS: usize = 4;
 /// A generated file and the hash of what was uploaded.
 pub(crate) struct ExpectedFile {
     pub path: String,
-    pub size: u64,
     pub blake3: blake3::Hash,
 }
 
@@ -54,12 +54,21 @@ pub(crate) fn layout(total: u64) -> Vec<(String, u64)> {
     files
 }
 
-/// Creates the bucket and uploads the dataset under `prefix`.
+/// What the seeding has uploaded so far, for the demo's progress lines.
+#[derive(Default)]
+pub(crate) struct Seeded {
+    pub objects: AtomicU64,
+    pub bytes: AtomicU64,
+}
+
+/// Creates the bucket and uploads `files` (from [`layout`]) under `prefix`, counting them into
+/// `seeded`.
 pub(crate) async fn seed(
     server: &EmbeddedS3,
     bucket: &str,
     prefix: &str,
-    total: u64,
+    files: Vec<(String, u64)>,
+    seeded: &Seeded,
 ) -> Result<Vec<ExpectedFile>, SourceError> {
     let settings = ClientSettings {
         endpoint: Some(server.endpoint.clone()),
@@ -79,7 +88,7 @@ pub(crate) async fn seed(
         .send()
         .await
         .map_err(|e| classify(e, format!("creating bucket {bucket}")))?;
-    futures::stream::iter(layout(total).into_iter().enumerate())
+    futures::stream::iter(files.into_iter().enumerate())
         .map(|(seed, (path, size))| {
             let client = client.clone();
             async move {
@@ -93,11 +102,9 @@ pub(crate) async fn seed(
                     .send()
                     .await
                     .map_err(|e| classify(e, format!("uploading {path}")))?;
-                Ok(ExpectedFile {
-                    path,
-                    size,
-                    blake3: hash,
-                })
+                seeded.objects.fetch_add(1, Relaxed);
+                seeded.bytes.fetch_add(size, Relaxed);
+                Ok(ExpectedFile { path, blake3: hash })
             }
         })
         .buffer_unordered(UPLOADS)

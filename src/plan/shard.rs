@@ -79,6 +79,34 @@ mod tests {
         }
     }
 
+    /// The largest share's objects over the mean, for `n` objects named as WebDataset shards.
+    fn largest_share(n: usize, count: u32) -> f64 {
+        let mut sizes = vec![0usize; count as usize];
+        for i in 0..n {
+            let path = format!("train/shard-{i:06}.tar");
+            let share = shards(count)
+                .into_iter()
+                .position(|s| s.holds(&path))
+                .unwrap();
+            sizes[share] += 1;
+        }
+        *sizes.iter().max().unwrap() as f64 * f64::from(count) / n as f64
+    }
+
+    #[test]
+    fn shares_are_even_in_objects_only_on_average_as_docs_filtering_says() {
+        // docs/filtering.md quotes these: the hash balances counts in expectation, so a few
+        // objects per node leave the largest share well above the mean.
+        let quoted = [(1000, 8, 1.128), (1000, 64, 1.472), (10_000, 8, 1.023)];
+        for (n, count, ratio) in quoted {
+            let measured = largest_share(n, count);
+            assert!(
+                (measured - ratio).abs() < 0.0005,
+                "{n} over {count}: {measured:.3}"
+            );
+        }
+    }
+
     #[test]
     fn a_path_stays_in_its_share() {
         // Fixed here: a change of the rule would move every node's data.

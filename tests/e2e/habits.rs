@@ -9,8 +9,11 @@ use std::time::Duration;
 
 use crate::support::csi::{volume, Csi};
 use crate::support::daemon::{catalog, dataset, Daemon, DatasetSpec};
+use crate::support::faults::{Fault, Rule};
+use crate::support::mount::{is_mounted, Mounted};
 use crate::support::{
-    assert_mirror, content, files, has_ready, hydrator_command, temp_dest, S3Target, Server,
+    assert_mirror, content, files, has_ready, hydrator_command, temp_dest, wait_until, S3Target,
+    Server,
 };
 
 /// `hydrator sync SOURCE DEST` with no AWS keys in the environment: the source says where the
@@ -350,6 +353,61 @@ fn the_csi_plugin_checks_the_dataset_first_and_names_the_paths_it_cannot_use() {
         )),
         "{missing:?}"
     );
+}
+
+#[test]
+fn sigint_ends_a_mount_with_3_before_the_dataset_is_complete_and_0_after() {
+    let server = Server::local();
+    let dataset = files(&[
+        ("a.bin", content(11, 300_000)),
+        ("b.bin", content(12, 300_000)),
+    ]);
+    server.seed("interrupted/", &dataset);
+    // b.bin never arrives while the mount runs.
+    server.faults.add(Rule {
+        ranged_only: false,
+        ..Rule::get(
+            "/interrupted/b.bin",
+            Fault::StallBody(0, Duration::from_secs(60)),
+        )
+        .times(usize::MAX)
+    });
+    let mut mount = Mounted::start(&server, "interrupted/", &[]);
+    assert_eq!(mount.stop("INT"), Some(3), "{}", mount.log());
+    assert!(!is_mounted(&mount.mountpoint));
+    assert!(!has_ready(&mount.cache));
+
+    server.faults.clear();
+    server.seed("complete/", &dataset);
+    let mut mount = Mounted::start(&server, "complete/", &[]);
+    wait_until("READY", Duration::from_secs(30), || has_ready(&mount.cache));
+    assert_eq!(mount.stop("INT"), Some(0), "{}", mount.log());
+    assert!(!is_mounted(&mount.mountpoint));
+}
+
+#[test]
+fn the_demo_says_what_it_does_while_it_seeds_and_before_it_cleans_up() {
+    let out = Command::new(env!("CARGO_BIN_EXE_hydrator"))
+        .args(["demo", "--size", "8MiB", "--progress", "none"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let at = |needle: &str| {
+        stdout
+            .find(needle)
+            .unwrap_or_else(|| panic!("{needle:?} not in:\n{stdout}"))
+    };
+    // Each step is announced before it runs, and the run's summary comes before the cleanup.
+    assert!(at("demo: S3 server listening on") < at("demo: seeding s3://demo-datasets/"));
+    assert!(at("demo: seeding s3://demo-datasets/") < at("demo: seeded s3://"));
+    assert!(at("demo: seeded s3://") < at("hydrator: mirrored"));
+    assert!(at("hydrator: mirrored") < at("demo: removing "));
+    assert!(at("demo: removing ") < at("demo: removed in"));
 }
 
 #[test]
