@@ -162,7 +162,7 @@ mod tests {
         std::fs::create_dir(base.path().join("pods/uid-1")).unwrap();
         std::os::unix::fs::symlink(&elsewhere, &target).unwrap();
         // The view ends where it really is; nothing is unmounted by path after it.
-        rustix::mount::unmount(&moved.join("mount"), UnmountFlags::NOFOLLOW).unwrap();
+        rustix::mount::unmount(moved.join("mount"), UnmountFlags::NOFOLLOW).unwrap();
         tokio::time::timeout(std::time::Duration::from_secs(10), ended)
             .await
             .expect("the session ends")

@@ -310,6 +310,11 @@ pub(crate) mod test_support {
         }
     }
 
+    /// The S3 source `settings` describe, lean path and all.
+    pub(crate) async fn source_for(settings: &ClientSettings) -> S3Source {
+        S3Source::for_settings(settings, Arc::default()).await
+    }
+
     /// The lean path `settings` give (if any), and the answers it records.
     pub(crate) async fn lean_for(settings: &ClientSettings) -> (Option<LeanGets>, Arc<Responses>) {
         let responses = Arc::new(Responses::default());

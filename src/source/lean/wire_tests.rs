@@ -8,13 +8,12 @@ use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use super::test_support::{lean_for, settings};
+use super::test_support::{lean_for, settings, source_for};
 use super::LeanGets;
 use crate::error::{PartError, ProtocolError};
 use crate::source::client::{Responses, StaticCredentials};
 use crate::source::fetch::{get_range, PinnedObject};
 use crate::source::object_source::ObjectRef;
-use crate::source::s3::S3Source;
 
 const BODY: &[u8] = b"0123456789abcdefghij";
 
@@ -261,7 +260,7 @@ async fn an_answer_without_an_etag_is_not_taken_for_the_object() {
         secret_key: "b".to_string(),
         session_token: None,
     };
-    let source = S3Source::for_settings(&settings(&endpoint, credentials), Arc::default()).await;
+    let source = source_for(&settings(&endpoint, credentials)).await;
     let object = PinnedObject {
         bucket: "b".to_string(),
         key: "k".to_string(),
