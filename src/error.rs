@@ -19,6 +19,9 @@ pub enum Exit {
     Usage = 2,
     /// Stopped by SIGTERM or SIGINT before the end; a re-run resumes.
     Stopped = 3,
+    /// DEST's filesystem cannot hold what the selection still needs: free space (or a larger
+    /// volume) is what helps, not a retry.
+    NoSpace = 4,
 }
 
 impl From<Exit> for ExitCode {
@@ -331,6 +334,22 @@ pub enum SyncError {
     /// Asked to stop (a signal) before the end; the manifest keeps what was done.
     #[error("stopped before the end; a new run resumes")]
     Stopped,
+    /// DEST's filesystem cannot hold the rest of the selection.
+    #[error(transparent)]
+    NoSpace(#[from] NoSpace),
+}
+
+/// What the selection still needs against what DEST's filesystem has free: found before the
+/// bytes are fetched, or by a write that met a full disk (`ENOSPC`).
+#[derive(Debug, thiserror::Error)]
+#[error("no room: needs {}, {} free on {}", crate::units::human_bytes(*.needs), crate::units::human_bytes(*.free), .mount.display())]
+pub struct NoSpace {
+    /// Bytes the run still has to write (at least; the listing may not have ended).
+    pub needs: u64,
+    /// Bytes free for this process on DEST's filesystem.
+    pub free: u64,
+    /// DEST, as given.
+    pub mount: PathBuf,
 }
 
 impl SyncError {
@@ -348,6 +367,7 @@ impl SyncError {
             | SyncError::Warm(_)
             | SyncError::Lease(_) => Exit::Failed,
             SyncError::Stopped => Exit::Stopped,
+            SyncError::NoSpace(_) => Exit::NoSpace,
         }
     }
 }
