@@ -83,10 +83,29 @@ impl Stats {
         self.listing_done.load(Relaxed)
     }
 
+    /// The selection as far as it is known: the read-ahead's count, or what the run itself has
+    /// booked when that is more (keys refused or in conflict count as failed objects).
+    pub(crate) fn selection(&self) -> Selection {
+        Selection {
+            objects: Self::get(&self.ahead_objects).max(self.objects_finished()),
+            bytes: Self::get(&self.ahead_bytes).max(Self::get(&self.bytes_listed)),
+            complete: self.ahead_done.load(Relaxed) || self.listing_done(),
+        }
+    }
+
     /// Objects accounted for: downloaded, skipped or failed.
     pub(crate) fn objects_finished(&self) -> u64 {
         Self::get(&self.objects_downloaded)
             + Self::get(&self.objects_skipped)
             + Self::get(&self.objects_failed)
     }
+}
+
+/// The selection's size as far as the listing has gone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Selection {
+    pub objects: u64,
+    pub bytes: u64,
+    /// The listing has ended: the figures are final.
+    pub complete: bool,
 }
