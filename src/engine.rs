@@ -16,6 +16,7 @@
 //! objects.
 
 pub(crate) mod adaptive;
+mod ahead;
 mod ceiling;
 mod checkpoint;
 mod context;

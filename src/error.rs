@@ -252,6 +252,9 @@ pub enum ListingError {
     NoContinuation { url: String },
     #[error("listing {url}: the listing task failed")]
     TaskFailed { url: String },
+    /// The listing's read-ahead could not read back what it spooled.
+    #[error("the listing's read-ahead spool in DEST/.hydrator: {0}")]
+    Spool(#[source] std::io::Error),
 }
 
 /// Why `warm` could not get a dataset from the node daemon.
@@ -339,19 +342,6 @@ pub enum SyncError {
     NoSpace(#[from] NoSpace),
 }
 
-/// What the selection still needs against what DEST's filesystem has free: found before the
-/// bytes are fetched, or by a write that met a full disk (`ENOSPC`).
-#[derive(Debug, thiserror::Error)]
-#[error("no room: needs {}, {} free on {}", crate::units::human_bytes(*.needs), crate::units::human_bytes(*.free), .mount.display())]
-pub struct NoSpace {
-    /// Bytes the run still has to write (at least; the listing may not have ended).
-    pub needs: u64,
-    /// Bytes free for this process on DEST's filesystem.
-    pub free: u64,
-    /// DEST, as given.
-    pub mount: PathBuf,
-}
-
 impl SyncError {
     pub fn exit(&self) -> Exit {
         match self {
@@ -370,6 +360,29 @@ impl SyncError {
             SyncError::NoSpace(_) => Exit::NoSpace,
         }
     }
+}
+
+/// DEST's filesystem cannot hold what the run still has to write.
+#[derive(Debug, thiserror::Error)]
+pub enum NoSpace {
+    /// Found before the bytes were fetched: what the selection listed so far still needs
+    /// (at least; the listing may not have ended) against the free space.
+    #[error("no room: needs {}, {} free on {}", crate::units::human_bytes(*.needs), crate::units::human_bytes(*.free), .mount.display())]
+    Needs {
+        needs: u64,
+        free: u64,
+        /// The mount point of DEST's filesystem.
+        mount: PathBuf,
+    },
+    /// A write met a full disk (`ENOSPC`, `EDQUOT`): the run stops rather than fail every
+    /// object after it.
+    #[error("no room on {}: {key}: {cause}", .mount.display())]
+    Full {
+        mount: PathBuf,
+        key: String,
+        #[source]
+        cause: Box<ObjectError>,
+    },
 }
 
 /// Why fetching one part failed.
@@ -515,4 +528,35 @@ pub enum ObjectError {
     Refused(String),
     #[error("object task failed: {0}")]
     Task(#[source] tokio::task::JoinError),
+}
+
+impl ObjectError {
+    /// Whether a write met a full disk or quota (`ENOSPC`, `EDQUOT`): then every object after
+    /// it would fail the same way.
+    pub fn disk_full(&self) -> bool {
+        match self {
+            ObjectError::Part(part) => part.disk_full(),
+            ObjectError::Local(local) => is_full(&local.source),
+            _ => false,
+        }
+    }
+}
+
+impl PartError {
+    /// Whether a write met a full disk or quota.
+    pub fn disk_full(&self) -> bool {
+        match self {
+            PartError::GaveUp { last, .. } => last.disk_full(),
+            PartError::Write(WriteError::Full { .. }) => true,
+            PartError::Write(WriteError::Io(err)) => is_full(err),
+            PartError::Local(local) => is_full(&local.source),
+            _ => false,
+        }
+    }
+}
+
+fn is_full(err: &std::io::Error) -> bool {
+    use std::io::ErrorKind::{QuotaExceeded, StorageFull};
+    matches!(err.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+        || matches!(err.kind(), StorageFull | QuotaExceeded)
 }

@@ -28,6 +28,12 @@ pub(crate) const FILE_MODE: u32 = 0o644;
 #[derive(Debug)]
 pub(crate) struct Dir(OwnedFd);
 
+impl std::os::fd::AsFd for Dir {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
 /// Size, mtime, inode and link count of a regular file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct FileStat {

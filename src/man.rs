@@ -71,12 +71,14 @@ fn exit_status(command: &str) -> &'static [(u8, &'static str)] {
         (1, "Some objects failed (each is named in the log and the report), or the run was cut short: the listing broke off, the endpoint was unreachable, the disk failed, --lock-timeout ran out."),
         (2, "Usage or configuration, which retrying will not change: a bad option or SOURCE, credentials missing or rejected, the listing refused, an untrusted certificate, an https:// endpoint that answers plain HTTP, no such bucket, an empty selection, a DEST that is a file or holds another dataset."),
         (3, "Stopped by SIGTERM or SIGINT; the next run resumes."),
+        (4, "No room: DEST's filesystem cannot hold what the selection still needs (found before fetching, or by a write that met a full disk); the room reserved and not written is given back, and the next run resumes."),
     ];
     const MOUNT: &[(u8, &str)] = &[
         (0, "Unmounted (SIGTERM, SIGINT or an unmount from outside) once the dataset was complete in --cache, READY written."),
         (1, "The hydration failed or was cut short, as for sync."),
         (2, "Usage or configuration, as for sync, or a MOUNTPOINT that is not a directory."),
         (3, "Unmounted (SIGTERM or SIGINT) before the dataset was complete; the next mount or sync of the cache resumes."),
+        (4, "No room in --cache, as for sync."),
     ];
     const VERIFY: &[(u8, &str)] = &[
         (
@@ -89,6 +91,7 @@ fn exit_status(command: &str) -> &'static [(u8, &'static str)] {
             "Usage: DEST is not a directory or holds no manifest, or options that do not apply.",
         ),
         (3, "--repair stopped by SIGTERM or SIGINT."),
+        (4, "--repair found no room, as sync."),
     ];
     const WARM: &[(u8, &str)] = &[
         (0, "The dataset is ready; its directory is printed."),

@@ -19,6 +19,7 @@
 pub mod buffer;
 pub(crate) mod commit;
 pub(crate) mod dest;
+pub(crate) mod partials;
 pub(crate) mod prune;
 mod pwrite;
 mod uring;

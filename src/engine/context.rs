@@ -43,6 +43,8 @@ pub(super) struct WriteCtx {
     pub committer: Committer,
     pub manifest: Arc<Manifest>,
     pub checkpoints: Arc<Checkpoints>,
+    /// Partial files downloads hold allocated, given back when a full disk stops the run.
+    pub partials: Arc<crate::write::partials::Partials>,
     /// A lazy view's schedule: a file a reader waits for is published on its own, at once.
     pub schedule: Option<Arc<Schedule>>,
 }

@@ -110,6 +110,7 @@ pub(super) async fn run(
         sink_error: None,
         schedule: None,
         placement: Default::default(),
+        full_disk: None,
     };
     let mut fatal = loop {
         let item = tokio::select! {

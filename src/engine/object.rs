@@ -33,6 +33,7 @@ use crate::source::fetch::{full_object_checksum, head, PinnedObject};
 use crate::source::list::ObjectEntry;
 use crate::units::unix_nanos;
 use crate::write::dest::{self, Dest};
+use crate::write::partials::Holding;
 
 /// Times an object is restarted from scratch after it changed on the server mid-download.
 const MAX_OBJECT_RESTARTS: u32 = 3;
@@ -251,6 +252,7 @@ async fn download(
         return download_small(ctx, &object, rel, modified).await;
     }
     let state = new_attempt(ctx, &object, rel, modified);
+    let part_size = state.part_size;
     let known = ctx.write.manifest.lookup(&object.key);
     let stale_parts = known.as_ref().is_some_and(|k| !k.parts.is_empty());
     let resumable =
@@ -275,19 +277,33 @@ async fn download(
             record_attempt(&manifest, &key, &state, stale_parts)
                 .local("recording in the manifest", &rel)?;
             let (dir, file) = dest.create_partial(&rel, direct).local("creating", &rel)?;
-            dest::preallocate(&file, size)
-                .local_with(|| format!("reserving {size} bytes for"), &rel)?;
+            if let Err(err) = dest::preallocate(&file, size) {
+                // Whatever the filesystem reserved before it gave up goes with the file.
+                let _ = dir.unlink(rel.partial_name());
+                return Err(err).local_with(|| format!("reserving {size} bytes for"), &rel);
+            }
             Ok((dir, file, state.attempt, BTreeMap::new()))
         })
         .await?
     };
     let (dir, file) = (Arc::new(dir), Arc::new(file));
-    let fetched = match fetch_all_parts(ctx, &object, &file, attempt, &resumed).await {
+    let held = ctx.write.partials.hold(
+        dir.clone(),
+        rel.partial_name(),
+        file.clone(),
+        (object.size, part_size),
+        resumed.keys().copied(),
+    );
+    let fetched = match fetch_all_parts(ctx, &object, &file, (attempt, &held), &resumed).await {
         Ok(hash) => check_md5_of_file(ctx, &object, &dir, rel)
             .await
             .map(|()| hash),
         Err(err) => Err(err),
     };
+    // A full disk stops the run, which then gives back the room this file holds unwritten.
+    if !fetched.as_ref().is_err_and(PartError::disk_full) {
+        held.done();
+    }
     match fetched {
         Ok(hash) => {
             let (size, direct) = (object.size, ctx.write.direct.large);
@@ -451,7 +467,7 @@ async fn fetch_all_parts(
     ctx: &Arc<Ctx>,
     object: &Arc<PinnedObject>,
     file: &Arc<File>,
-    attempt: u64,
+    (attempt, held): (u64, &Holding),
     resumed: &BTreeMap<u32, DurablePart>,
 ) -> Result<blake3::Hash, PartError> {
     let ranges: Vec<_> = part_ranges(object.size, ctx.fetch.part_size).collect();
@@ -506,6 +522,7 @@ async fn fetch_all_parts(
                 .checkpoints
                 .part_written(&object.key, attempt, index as u32, durable, len);
         }
+        held.written(index as u32);
         fetched[index] = Some(part);
     }
     let fetched: Vec<FetchedPart> = fetched

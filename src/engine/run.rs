@@ -11,6 +11,7 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
 use super::adaptive::{self, RequestSlots};
+use super::ahead::{self, Ahead};
 use super::ceiling::Ceiling;
 use super::checkpoint::{self, Checkpoints};
 use super::context::{Ctx, FetchCtx, WriteCtx};
@@ -25,7 +26,7 @@ use crate::bound::Bound;
 use crate::config::{Concurrency, SyncConfig};
 use crate::console::{self, Level};
 use crate::error::{
-    EmptySelection, Exit, IoContext, LocalError, ObjectError, SyncError, UsageError,
+    EmptySelection, Exit, IoContext, LocalError, NoSpace, ObjectError, SyncError, UsageError,
 };
 use crate::fs::Dir;
 use crate::host::Host;
@@ -131,8 +132,7 @@ pub(crate) struct Hooks {
     pub slow_disk: Duration,
 }
 
-/// Listed objects as they stream in, ending with an error if the listing broke.
-pub(crate) type Listing = tokio::sync::mpsc::Receiver<Result<ObjectEntry, SyncError>>;
+pub(crate) use crate::source::list::Listing;
 
 /// The result of a run that got as far as starting.
 pub(crate) struct Outcome {
@@ -311,6 +311,7 @@ async fn prepare(
             committer,
             manifest,
             checkpoints,
+            partials: Arc::default(),
             schedule: hooks.schedule.clone(),
         },
     });
@@ -320,6 +321,20 @@ async fn prepare(
         (None, Some(snapshot)) => snapshot::spawn_entries(snapshot.clone()),
         (None, None) => list::spawn(ctx.fetch.source.clone(), cfg.source.clone()),
     };
+    let ahead = Ahead {
+        filter: cfg.key_filter()?,
+        prefix: cfg.source.prefix.clone(),
+        known: ctx
+            .write
+            .manifest
+            .cursor()
+            .local("reading the manifest in", &state_path)?,
+        state_dir: state_dir.try_clone().local("opening", &state_path)?,
+        dest: cfg.dest.clone(),
+        stats: ctx.fetch.stats.clone(),
+    };
+    let listing =
+        ahead::spawn(listing, ahead).local("starting the listing's read-ahead in", &state_path)?;
     Ok(Start::Run(Box::new(Prepared {
         ctx,
         filter,
@@ -361,6 +376,7 @@ async fn mirror(
         sink_error: None,
         schedule: schedule.as_deref(),
         placement: Placement::default(),
+        full_disk: None,
     };
     let state_path = cfg.dest.join(STATE_DIR);
     let manifest = &ctx.write.manifest;
@@ -402,6 +418,9 @@ async fn mirror(
     };
     if fatal.is_none() {
         fatal = loop {
+            if tally.full_disk.is_some() {
+                break None;
+            }
             tokio::select! {
                 done = tasks.join_next() => match done {
                     Some(done) => tally.joined(done),
@@ -414,6 +433,22 @@ async fn mirror(
     tasks.abort_all();
     while let Some(done) = tasks.join_next().await {
         tally.joined(done);
+    }
+    if let Some((key, cause)) = tally.full_disk.take() {
+        let mount = ahead::mount_point(&cfg.dest);
+        let cause = Box::new(cause);
+        fatal.get_or_insert(NoSpace::Full { mount, key, cause }.into());
+    }
+    if let Some(SyncError::NoSpace(_)) = &fatal {
+        // Every download has ended: what they reserved and never wrote can go.
+        let released = ctx.write.partials.release_unwritten();
+        if released.files > 0 {
+            tracing::info!(
+                "gave back {} reserved for {} partial files and not written; their written parts are kept for the next run",
+                crate::units::human_bytes(released.bytes),
+                released.files
+            );
+        }
     }
     if let (None, Some(err)) = (&fatal, tally.sink_error.take()) {
         let report = cfg.report.clone().unwrap_or_default();
@@ -523,6 +558,9 @@ async fn in_listing_order(
         while let Some(done) = tasks.try_join_next() {
             tally.joined(done);
         }
+        if tally.full_disk.is_some() {
+            return None;
+        }
     }
 }
 
@@ -569,6 +607,9 @@ async fn in_schedule_order(
             },
             Some(done) = tasks.join_next(), if !tasks.is_empty() => tally.joined(done),
             () = stopped(stop) => return Some(SyncError::Stopped),
+        }
+        if tally.full_disk.is_some() {
+            return None;
         }
     }
 }
@@ -980,6 +1021,9 @@ pub(super) struct Tally<'a> {
     pub schedule: Option<&'a Schedule>,
     /// The files selected so far, so that no path is both a file and a directory.
     pub placement: Placement,
+    /// The first object whose write met a full disk: the run stops (exit 4) rather than fail
+    /// every object after it.
+    pub full_disk: Option<(String, ObjectError)>,
 }
 
 impl Tally<'_> {
@@ -1026,6 +1070,15 @@ impl Tally<'_> {
                     schedule.finished(&key, Ok(()));
                 }
                 self.done(record)
+            }
+            Ok((key, Err(err))) if err.disk_full() => {
+                if let Some(schedule) = self.schedule {
+                    schedule.finished(&key, Err(err.to_string()));
+                }
+                match self.full_disk {
+                    None => self.full_disk = Some((key, err)),
+                    Some(_) => tracing::debug!(key = %key, "{err}"),
+                }
             }
             Ok((key, Err(err))) => {
                 if let Some(schedule) = self.schedule {

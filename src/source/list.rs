@@ -16,6 +16,9 @@ use super::object_source::ObjectSource;
 use super::url::S3Url;
 use crate::error::{HttpAnswer, ListingError, Remedy, SourceError, SourceErrorKind, SyncError};
 
+/// Listed objects as they stream in, ending with an error if the listing broke.
+pub(crate) type Listing = mpsc::Receiver<Result<ObjectEntry, SyncError>>;
+
 /// Objects buffered between the listing and the planner (a few pages).
 pub(crate) const LISTING_QUEUE: usize = 4096;
 
@@ -32,7 +35,7 @@ fn listing_error(err: SourceError, first_page: bool) -> SyncError {
 pub(crate) fn spawn(
     source: Arc<dyn ObjectSource>,
     url: S3Url,
-) -> mpsc::Receiver<Result<ObjectEntry, SyncError>> {
+) -> Listing {
     let (tx, rx) = mpsc::channel(LISTING_QUEUE);
     tokio::spawn(async move {
         // A panic must end the queue with an error too: a queue that just closes is complete.

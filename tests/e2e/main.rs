@@ -18,5 +18,6 @@ mod memory;
 mod mount;
 mod p2p;
 mod soak;
+mod space;
 mod sync;
 mod torture;

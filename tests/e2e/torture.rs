@@ -7,10 +7,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support::disk::TestMount;
 use crate::support::faults::{Fault, Rule};
 use crate::support::{
     assert_mirror, content, files, hydrator_command, hydrator_sync, records_durable_parts,
-    temp_dest, wait_until, Run, Server, MIB,
+    temp_dest, wait_until, Server, MIB,
 };
 
 /// The same with a report and `args`, started and not yet waited for.
@@ -140,107 +141,6 @@ fn a_resume_after_kill_9_through_another_endpoint_url_keeps_the_durable_parts() 
     );
 }
 
-/// A filesystem mounted for one test, unmounted when dropped. Mounting needs root, which CI
-/// and the development machines have; elsewhere the test is skipped.
-struct TestMount {
-    path: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl TestMount {
-    /// A tmpfs with these mount options (`size=6m`, `ro`, `nr_inodes=16`...).
-    fn tmpfs(options: &str) -> Option<Self> {
-        Self::mount(&["-t", "tmpfs", "-o", options, "tmpfs"])
-    }
-
-    /// A fresh ext2 filesystem of `size` in an image file, loop-mounted.
-    fn ext2_image(size: &str) -> Option<Self> {
-        let image = std::env::temp_dir().join(format!("hydrator-ext2-{}.img", fastrand::u64(..)));
-        let made = Command::new("mkfs.ext2")
-            .args(["-q", "-F", "-m", "0"])
-            .arg(&image)
-            .arg(size)
-            .status()
-            .unwrap();
-        assert!(made.success());
-        let mounted = Self::mount(&["-o", "loop", image.to_str().unwrap()]);
-        // The loop device keeps the image open; the file goes once it is unmounted.
-        let _ = std::fs::remove_file(&image);
-        mounted
-    }
-
-    fn mount(args: &[&str]) -> Option<Self> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("cannot mount a filesystem (not root): skipping");
-            return None;
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("fs");
-        std::fs::create_dir(&path).unwrap();
-        let status = Command::new("mount")
-            .args(args)
-            .arg(&path)
-            .status()
-            .unwrap();
-        assert!(status.success(), "mount {args:?} failed as root");
-        Some(Self { path, _dir: dir })
-    }
-
-    fn remount(&self, options: &str) {
-        let status = Command::new("mount")
-            .args(["-o", &format!("remount,{options}")])
-            .arg(&self.path)
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-}
-
-impl Drop for TestMount {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.path).status();
-    }
-}
-
-#[test]
-fn a_full_disk_fails_clearly_and_the_run_resumes_once_space_is_freed() {
-    let Some(fs) = TestMount::tmpfs("size=6m") else {
-        return;
-    };
-    let server = Server::local();
-    let expected = files(&[
-        ("a.bin", content(81, 3 * MIB)),
-        ("b.bin", content(82, 3 * MIB)),
-        ("c.bin", content(83, 3 * MIB)),
-    ]);
-    server.seed("full/", &expected);
-    let dest = fs.path.join("dest");
-    let run = server.sync("full/", &dest, &[]);
-    run.assert_code(1);
-    let stderr = run.stderr();
-    assert!(
-        stderr.contains("the destination's filesystem is full: 3.0 MiB needed"),
-        "{stderr}"
-    );
-    assert!(stderr.contains("free"), "{stderr}");
-    assert!(!dest.join(".hydrator/READY").exists());
-    for (name, data) in &expected {
-        if let Ok(on_disk) = std::fs::read(dest.join(name)) {
-            assert!(on_disk == *data, "{name} is whole or absent");
-        }
-    }
-    let done_before = run.count("objects", "downloaded");
-    assert!(done_before >= 1, "what fits is kept");
-
-    fs.remount("size=32m");
-    let rerun = server.sync("full/", &dest, &[]);
-    rerun.assert_code(0);
-    assert_mirror(&dest, &expected);
-    assert_eq!(rerun.count("objects", "skipped"), done_before);
-}
-
-/// Uploads `count` small objects under `prefix`, many at a time.
 fn seed_many(server: &Server, prefix: &str, count: usize, size: usize) {
     use futures::StreamExt;
     server.runtime.block_on(async {
@@ -619,30 +519,6 @@ fn memory_stays_within_the_formula_whatever_the_object_sizes() {
 }
 
 #[test]
-fn running_out_of_inodes_fails_clearly_and_the_run_resumes_once_there_are_more() {
-    let Some(fs) = TestMount::tmpfs("size=16m,nr_inodes=16") else {
-        return;
-    };
-    let server = Server::local();
-    let expected: std::collections::BTreeMap<String, Vec<u8>> = (0..30)
-        .map(|i| (format!("f{i:02}"), content(200 + i, 1000)))
-        .collect();
-    server.seed("inodes/", &expected);
-    let dest = fs.path.join("dest");
-    let run = server.sync("inodes/", &dest, &[]);
-    run.assert_code(1);
-    assert!(
-        run.stderr().contains("No space left on device"),
-        "{}",
-        run.stderr()
-    );
-    assert!(!dest.join(".hydrator/READY").exists());
-    fs.remount("nr_inodes=1000");
-    server.sync("inodes/", &dest, &[]).assert_code(0);
-    assert_mirror(&dest, &expected);
-}
-
-#[test]
 fn keys_that_differ_only_in_case_are_distinct_files() {
     let server = Server::local();
     let expected = files(&[
@@ -710,85 +586,6 @@ fn a_key_that_is_not_utf8_fails_the_listing_clearly() {
     run.assert_code(1);
     assert!(run.stderr().contains("listing failed"), "{}", run.stderr());
     assert!(!dest.join(".hydrator/READY").exists());
-}
-
-#[test]
-fn running_out_of_space_mid_write_fails_clearly_and_the_run_resumes_once_space_is_freed() {
-    // ext2 has no fallocate: space is only taken as the data is written, so the disk fills up
-    // in the middle of a file rather than when it is created.
-    let Some(fs) = TestMount::ext2_image("8M") else {
-        return;
-    };
-    let mountpoint = &fs.path;
-    let filler = mountpoint.join("filler");
-    std::fs::write(&filler, vec![0u8; 3 * MIB]).unwrap();
-
-    let server = Server::local();
-    let expected = files(&[
-        ("one.bin", content(12, 3 * MIB)),
-        ("two.bin", content(13, 3 * MIB)),
-    ]);
-    server.seed("midwrite/", &expected);
-    let dest = mountpoint.join("dest");
-    let run = server.sync("midwrite/", &dest, &["--concurrency", "1"]);
-    assert_a_write_found_the_disk_full(&run, &dest, &expected);
-    std::fs::remove_file(&filler).unwrap();
-    server.sync("midwrite/", &dest, &[]).assert_code(0);
-    assert_mirror(&dest, &expected);
-}
-
-/// The run failed on a write into a full disk, said so, and left each file whole or absent.
-fn assert_a_write_found_the_disk_full(
-    run: &Run,
-    dest: &Path,
-    expected: &BTreeMap<String, Vec<u8>>,
-) {
-    run.assert_code(1);
-    assert!(
-        run.stderr()
-            .contains("write failed: the destination's filesystem is full ("),
-        "{}",
-        run.stderr()
-    );
-    assert!(!dest.join(".hydrator/READY").exists());
-    for (name, data) in expected {
-        if let Ok(on_disk) = std::fs::read(dest.join(name)) {
-            assert!(on_disk == *data, "{name} is whole or absent");
-        }
-    }
-}
-
-#[test]
-fn small_files_that_fill_the_disk_fail_clearly_and_leave_no_partial_file() {
-    // Files under a buffer are written in one call without preallocation, so a full disk shows
-    // up in the write.
-    let Some(fs) = TestMount::tmpfs("size=2m") else {
-        return;
-    };
-    let server = Server::local();
-    let expected: BTreeMap<String, Vec<u8>> = (0..5)
-        .map(|i| (format!("s{i}.bin"), content(300 + i, 600 << 10)))
-        .collect();
-    server.seed("smallfull/", &expected);
-    let dest = fs.path.join("dest");
-    let run = server.sync("smallfull/", &dest, &["--concurrency", "1"]);
-    assert_a_write_found_the_disk_full(&run, &dest, &expected);
-    let left: Vec<_> = std::fs::read_dir(&dest)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    assert!(
-        !left.iter().any(|name| name.ends_with(".partial")),
-        "{left:?}"
-    );
-    let done_before = run.count("objects", "downloaded");
-    assert!((1..5).contains(&done_before), "{done_before} of 5 fitted");
-
-    fs.remount("size=8m");
-    let rerun = server.sync("smallfull/", &dest, &[]);
-    rerun.assert_code(0);
-    assert_eq!(rerun.count("objects", "skipped"), done_before);
-    assert_mirror(&dest, &expected);
 }
 
 #[test]

@@ -47,6 +47,7 @@ pub mod authority;
 pub mod csi;
 pub mod daemon;
 pub mod dfdaemon;
+pub mod disk;
 pub mod dragonfly_api;
 pub mod faults;
 pub mod garage;
