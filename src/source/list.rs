@@ -32,10 +32,7 @@ fn listing_error(err: SourceError, first_page: bool) -> SyncError {
 
 /// Starts listing `url` and returns the queue it fills. The queue ends with either the last
 /// object or one error; a queue that ends with an error means the listing is incomplete.
-pub(crate) fn spawn(
-    source: Arc<dyn ObjectSource>,
-    url: S3Url,
-) -> Listing {
+pub(crate) fn spawn(source: Arc<dyn ObjectSource>, url: S3Url) -> Listing {
     let (tx, rx) = mpsc::channel(LISTING_QUEUE);
     tokio::spawn(async move {
         // A panic must end the queue with an error too: a queue that just closes is complete.

@@ -17,6 +17,7 @@ mod https;
 mod memory;
 mod mount;
 mod p2p;
+mod progress;
 mod soak;
 mod space;
 mod sync;
