@@ -485,6 +485,18 @@ pub struct SyncOptions {
         help_heading = "Transfer"
     , value_parser = clap::builder::BoolishValueParser::new())]
     pub check_md5: bool,
+    /// Stop after N objects failed in a row with none succeeding in between (every GET
+    /// denied, a bucket policy that refuses reads): exit 1, no READY, what is durable kept.
+    /// 0: never stop; failures among successes never stop a run.
+    #[arg(
+        long,
+        env = "HYDRATOR_MAX_ERRORS",
+        hide_env_values = true,
+        value_name = "N",
+        default_value_t = crate::config::DEFAULT_MAX_ERRORS,
+        help_heading = "Transfer"
+    )]
+    pub max_errors: u64,
 }
 
 #[derive(Debug, Args)]
@@ -688,6 +700,7 @@ impl SyncOptions {
             lock_timeout: self.lock_timeout.map(std::time::Duration::from_secs),
             allow_empty: self.allow_empty,
             check_md5: self.check_md5,
+            max_errors: self.max_errors,
             ..self.connection.apply(config)
         }
     }

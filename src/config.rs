@@ -26,6 +26,9 @@ pub(crate) const AUTO_INITIAL_CONCURRENCY: usize = 4;
 pub(crate) const AUTO_MAX_CONCURRENCY: usize = 64;
 /// Most requests in flight a fixed `--concurrency` may ask for.
 pub(crate) const MAX_CONCURRENCY: usize = 1024;
+/// `--max-errors`' default: enough failures in a row that a few bad keys never stop a run,
+/// few enough that a policy refusing every GET stops it within seconds.
+pub(crate) const DEFAULT_MAX_ERRORS: u64 = 100;
 
 /// The write backend asked for: `Auto` probes io_uring and falls back to pwrite.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,6 +102,9 @@ pub(crate) struct SyncConfig {
     pub allow_empty: bool,
     /// Check single-PUT objects against their ETag's MD5 (`--check-md5`).
     pub check_md5: bool,
+    /// Stop after this many objects failed in a row, none succeeding in between
+    /// (`--max-errors`); 0: never.
+    pub max_errors: u64,
 }
 
 impl SyncConfig {
@@ -132,6 +138,7 @@ impl SyncConfig {
             dry_run: false,
             allow_empty: false,
             check_md5: false,
+            max_errors: DEFAULT_MAX_ERRORS,
         }
     }
 
@@ -244,6 +251,7 @@ pub(crate) struct SyncConfigBuilder {
     pub dry_run: bool,
     pub allow_empty: bool,
     pub check_md5: bool,
+    pub max_errors: u64,
 }
 
 impl SyncConfigBuilder {
@@ -285,6 +293,7 @@ impl SyncConfigBuilder {
             dry_run: self.dry_run,
             allow_empty: self.allow_empty,
             check_md5: self.check_md5,
+            max_errors: self.max_errors,
         };
         config.validate()?;
         Ok(config)

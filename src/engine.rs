@@ -22,6 +22,7 @@ mod checkpoint;
 mod context;
 mod dry_run;
 mod etag_md5;
+mod failures;
 mod limits;
 mod measure;
 mod object;

@@ -340,6 +340,42 @@ pub enum SyncError {
     /// DEST's filesystem cannot hold the rest of the selection.
     #[error(transparent)]
     NoSpace(#[from] NoSpace),
+    /// `--max-errors`: the failures are systematic, so the run stops early.
+    #[error(transparent)]
+    TooManyFailures(#[from] TooManyFailures),
+}
+
+/// `--max-errors N`: N objects failed one after the other and none succeeded in between, as
+/// when a bucket policy refuses every GET. Going on would only fail the rest the same way.
+#[derive(Debug, thiserror::Error)]
+#[error("{max_errors} objects failed in a row and none succeeded since (--max-errors {max_errors}); first cause: {first}")]
+pub struct TooManyFailures {
+    pub max_errors: u64,
+    /// The first failure of the run of failures: `KEY: reason`.
+    pub first: String,
+}
+
+/// What kind of problem ended a run, for machines: the report's and the JSON closing line's
+/// `error_kind`. Derived from the typed error, never from its text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// A bad option, URL or DEST, an empty selection, a missing bucket: exit 2.
+    Usage,
+    /// The source refused the credentials: none found, rejected, a wrong secret, anonymous
+    /// requests refused, or not allowed to list.
+    Credentials,
+    /// The listing broke off.
+    Listing,
+    /// Objects failed (`--max-errors` included).
+    ObjectsFailed,
+    /// SIGTERM or SIGINT.
+    Interrupted,
+    NoSpace,
+    /// A local filesystem operation failed, or another hydrator held DEST too long.
+    Local,
+    /// A task failed, or the daemon's answer.
+    Internal,
 }
 
 impl SyncError {
@@ -356,8 +392,34 @@ impl SyncError {
             | SyncError::Task(..)
             | SyncError::Warm(_)
             | SyncError::Lease(_) => Exit::Failed,
+            SyncError::TooManyFailures(_) => Exit::Failed,
             SyncError::Stopped => Exit::Stopped,
             SyncError::NoSpace(_) => Exit::NoSpace,
+        }
+    }
+
+    /// The kind of problem, for the report's `error_kind`.
+    pub fn kind(&self) -> ErrorKind {
+        use SourceErrorKind::*;
+        match self {
+            SyncError::Source(err) => match err.kind {
+                CredentialsRejected(_)
+                | WrongSecretKey(_)
+                | NoCredentials(_)
+                | NotPublic(_)
+                | AccessDenied(_) => ErrorKind::Credentials,
+                _ => ErrorKind::Usage,
+            },
+            SyncError::Usage(_)
+            | SyncError::EmptySelection(_)
+            | SyncError::Warm(WarmError::Denied { .. })
+            | SyncError::Lease(LeaseError::Denied { .. }) => ErrorKind::Usage,
+            SyncError::Listing(_) => ErrorKind::Listing,
+            SyncError::Local(_) | SyncError::LockTimeout(_) => ErrorKind::Local,
+            SyncError::Task(..) | SyncError::Warm(_) | SyncError::Lease(_) => ErrorKind::Internal,
+            SyncError::TooManyFailures(_) => ErrorKind::ObjectsFailed,
+            SyncError::Stopped => ErrorKind::Interrupted,
+            SyncError::NoSpace(_) => ErrorKind::NoSpace,
         }
     }
 }
@@ -559,4 +621,75 @@ fn is_full(err: &std::io::Error) -> bool {
     use std::io::ErrorKind::{QuotaExceeded, StorageFull};
     matches!(err.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
         || matches!(err.kind(), StorageFull | QuotaExceeded)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source(kind: SourceErrorKind) -> SyncError {
+        SyncError::Source(SourceError {
+            request: "listing s3://b/p/".into(),
+            kind,
+            cause: None,
+        })
+    }
+
+    #[test]
+    fn each_error_has_the_kind_the_report_names() {
+        let answer = HttpAnswer {
+            status: 403,
+            code: "SignatureDoesNotMatch".into(),
+            message: String::new(),
+        };
+        let no_space = NoSpace::Needs {
+            needs: 2,
+            free: 1,
+            mount: "/d".into(),
+        };
+        let too_many = TooManyFailures {
+            max_errors: 100,
+            first: "k: GET k: access denied".into(),
+        };
+        let cases = [
+            (
+                source(SourceErrorKind::WrongSecretKey(answer.clone())),
+                ErrorKind::Credentials,
+            ),
+            (
+                source(SourceErrorKind::CredentialsRejected(answer.clone())),
+                ErrorKind::Credentials,
+            ),
+            (
+                source(SourceErrorKind::NoCredentials("none found".into())),
+                ErrorKind::Credentials,
+            ),
+            (
+                source(SourceErrorKind::AccessDenied(answer)),
+                ErrorKind::Credentials,
+            ),
+            (source(SourceErrorKind::NoSuchBucket), ErrorKind::Usage),
+            (UsageError::new("--part-size").into(), ErrorKind::Usage),
+            (
+                ListingError::NoContinuation {
+                    url: "s3://b/p/".into(),
+                }
+                .into(),
+                ErrorKind::Listing,
+            ),
+            (SyncError::Stopped, ErrorKind::Interrupted),
+            (no_space.into(), ErrorKind::NoSpace),
+            (too_many.into(), ErrorKind::ObjectsFailed),
+            (SyncError::LockTimeout(3.0), ErrorKind::Local),
+        ];
+        for (err, kind) in cases {
+            assert_eq!(err.kind(), kind, "{err}");
+        }
+        let stop: SyncError = TooManyFailures {
+            max_errors: 5,
+            first: String::new(),
+        }
+        .into();
+        assert_eq!(stop.exit(), Exit::Failed, "--max-errors exits 1, not 3");
+    }
 }

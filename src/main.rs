@@ -43,8 +43,10 @@ fn main() -> ExitCode {
     match result {
         Ok(exit) => exit.into(),
         Err(err) => {
-            console::say(Level::Error, format_args!("error: {err}"), None);
-            err.exit().into()
+            let exit = err.exit();
+            let fields = serde_json::json!({ "exit_code": exit as u8, "error_kind": err.kind() });
+            console::say(Level::Error, format_args!("error: {err}"), Some(&fields));
+            exit.into()
         }
     }
 }

@@ -68,7 +68,7 @@ const READ_BESIDE: &[(&str, Readers, &str)] = &[
 fn exit_status(command: &str) -> &'static [(u8, &'static str)] {
     const SYNC: &[(u8, &str)] = &[
         (0, "Every selected object is on disk and hashed; DEST/.hydrator/READY is written."),
-        (1, "Some objects failed (each is named in the log and the report), or the run was cut short: the listing broke off, the endpoint was unreachable, the disk failed, --lock-timeout ran out."),
+        (1, "Some objects failed (the first 20 are named in the log, the others counted by cause; the report names them all), --max-errors objects failed in a row and the run stopped, or the run was cut short: the listing broke off, the endpoint was unreachable, the disk failed, --lock-timeout ran out."),
         (2, "Usage or configuration, which retrying will not change: a bad option or SOURCE, credentials missing or rejected, the listing refused, an untrusted certificate, an https:// endpoint that answers plain HTTP, no such bucket, an empty selection, a DEST that is a file or holds another dataset."),
         (3, "Stopped by SIGTERM or SIGINT; the next run resumes."),
         (4, "No room: DEST's filesystem cannot hold what the selection still needs (found before fetching, or by a write that met a full disk); the room reserved and not written is given back, and the next run resumes."),

@@ -1,7 +1,7 @@
 //! The run's report: counters, failures and the BLAKE3 of every file, written as JSON with
-//! `--report FILE`. File records are spooled to disk as they complete, so a run over millions
-//! of objects does not hold them in memory; the report is assembled and renamed into place at
-//! the end.
+//! `--report FILE`. File records and failures are spooled to disk as they come, so a run over
+//! millions of objects (or with millions of failures) does not hold them in memory; the report
+//! is assembled and renamed into place at the end.
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, BufWriter, Write};
@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::bound::{Bound, By};
+use crate::error::ErrorKind;
 use crate::fs;
 use crate::units::human_bytes;
 use crate::write::Backend;
@@ -84,7 +85,17 @@ pub(crate) enum RunResult {
     Failed,
 }
 
-/// Everything but the file list.
+/// The selection's size as far as the listing went (which can be further than the objects the
+/// run finished).
+#[derive(Clone, Debug, Default, Serialize)]
+pub(crate) struct SelectionCounts {
+    pub objects: u64,
+    pub bytes: u64,
+    /// The listing ended: the figures are the whole selection's.
+    pub complete: bool,
+}
+
+/// Everything but the failures and the file list, which are spooled.
 #[derive(Clone, Debug, Serialize)]
 pub(crate) struct Summary {
     pub version: u32,
@@ -94,7 +105,12 @@ pub(crate) struct Summary {
     pub dest: String,
     pub result: RunResult,
     pub error: Option<String>,
+    /// The process's exit code.
+    pub exit_code: u8,
+    /// What kind of problem ended the run; `null` when it is complete.
+    pub error_kind: Option<ErrorKind>,
     pub objects: ObjectCounts,
+    pub selection: SelectionCounts,
     pub bytes: ByteCounts,
     pub part_retries: u64,
     pub object_restarts: u64,
@@ -111,6 +127,8 @@ pub(crate) struct Summary {
     pub io_backend_fallback_reason: Option<String>,
     pub duration_seconds: f64,
     pub throughput_bytes_per_second: f64,
+    /// The first failures, as printed; the report's `failures` (spooled) holds them all.
+    #[serde(skip)]
     pub failures: Vec<Failure>,
 }
 
@@ -136,13 +154,12 @@ impl Summary {
             return line + &self.foreign_note();
         }
         let mut line = format!(
-            "hydrator: {} {} objects ({}) from {} to {}: {} downloaded, {} up to date, {} failed",
+            "hydrator: {} {} from {} to {}: {} downloaded, {} up to date, {} failed",
             match self.result {
                 RunResult::Complete => "mirrored",
                 RunResult::Failed => "INCOMPLETE:",
             },
-            o.total,
-            human_bytes(self.bytes.total),
+            self.population(),
             self.source,
             self.dest,
             o.downloaded,
@@ -164,22 +181,44 @@ impl Summary {
             line.push_str(", ");
             line.push_str(extra);
         }
-        line.push_str(&format!(
-            " in {:.1} s ({}/s, {}{})",
-            self.duration_seconds,
-            human_bytes(self.throughput_bytes_per_second as u64),
-            match self.io_backend {
-                Some(backend) => format!("{backend} writes"),
-                None => "nothing written".to_string(),
-            },
-            match &self.bound {
-                Some(bound) if bound.by == By::None =>
-                    format!("; no bound reached: {}", bound.detail),
-                Some(bound) => format!("; bounded by {}: {}", bound.by, bound.detail),
-                None => String::new(),
-            },
-        ));
+        let transferred = self.bytes.received > 0 || self.bytes.downloaded > 0;
+        let how = match (self.io_backend, transferred) {
+            (None, _) => "nothing written".to_string(),
+            (Some(_), false) => "nothing transferred".to_string(),
+            (Some(backend), true) => format!(
+                "{}/s, {backend} writes{}",
+                human_bytes(self.throughput_bytes_per_second as u64),
+                match &self.bound {
+                    Some(bound) if bound.by == By::None =>
+                        format!("; no bound reached: {}", bound.detail),
+                    Some(bound) => format!("; bounded by {}: {}", bound.by, bound.detail),
+                    None => String::new(),
+                },
+            ),
+        };
+        line.push_str(&format!(" in {:.1} s ({how})", self.duration_seconds));
         line + &self.foreign_note()
+    }
+
+    /// The objects the closing line speaks of. A run cut short (a signal, a broken listing,
+    /// `--max-errors`) finished part of what was listed: the objects it finished and their
+    /// bytes, of the selection as far as it was listed, so that both figures count one
+    /// population. Otherwise the objects and the bytes of the whole selection.
+    fn population(&self) -> String {
+        let (o, selection) = (&self.objects, &self.selection);
+        if self.error.is_none() || selection.objects == 0 {
+            return format!("{} objects ({})", o.total, human_bytes(self.bytes.total));
+        }
+        let listed = match selection.complete {
+            true => format!("{} listed objects", selection.objects),
+            false => format!("{} objects listed so far", selection.objects),
+        };
+        format!(
+            "{} of {listed} ({} of {})",
+            o.total,
+            human_bytes(self.bytes.downloaded + self.bytes.skipped),
+            human_bytes(selection.bytes),
+        )
     }
 
     /// What the closing line says of files in DEST that are not in the source.
@@ -191,51 +230,98 @@ impl Summary {
     }
 }
 
-/// Collects file records for the report.
+/// Collects file records and failures for the report, each in a spool file beside it.
 pub(crate) struct ReportSink {
-    target: Option<(PathBuf, PathBuf, BufWriter<File>)>,
+    target: Option<Target>,
+}
+
+struct Target {
+    path: PathBuf,
+    files: Spool,
+    failures: Spool,
+}
+
+/// JSON values, one a line, in a temporary file beside the report.
+struct Spool {
+    path: PathBuf,
+    writer: BufWriter<File>,
+}
+
+impl Spool {
+    fn create(path: PathBuf) -> io::Result<Self> {
+        let writer = BufWriter::new(File::create(&path)?);
+        Ok(Self { path, writer })
+    }
+
+    fn push(&mut self, value: &impl Serialize) -> io::Result<()> {
+        serde_json::to_writer(&mut self.writer, value)?;
+        self.writer.write_all(b"\n")
+    }
+
+    /// Makes the spool durable and returns its path.
+    fn close(self) -> io::Result<PathBuf> {
+        self.writer
+            .into_inner()
+            .map_err(|e| e.into_error())?
+            .sync_all()?;
+        Ok(self.path)
+    }
 }
 
 impl ReportSink {
     pub(crate) fn new(report: Option<&Path>) -> io::Result<Self> {
         let target = match report {
             None => None,
-            Some(path) => {
-                let spool = sibling(path, ".files.tmp");
-                let writer = BufWriter::new(File::create(&spool)?);
-                Some((path.to_path_buf(), spool, writer))
-            }
+            Some(path) => Some(Target {
+                path: path.to_path_buf(),
+                files: Spool::create(sibling(path, ".files.tmp"))?,
+                failures: Spool::create(sibling(path, ".failures.tmp"))?,
+            }),
         };
         Ok(Self { target })
     }
 
     pub(crate) fn record(&mut self, record: &FileRecord) -> io::Result<()> {
-        if let Some((_, _, spool)) = &mut self.target {
-            serde_json::to_writer(&mut *spool, record)?;
-            spool.write_all(b"\n")?;
+        match &mut self.target {
+            Some(target) => target.files.push(record),
+            None => Ok(()),
         }
-        Ok(())
     }
 
-    /// Writes the report (summary, then every spooled record) and renames it into place.
+    pub(crate) fn failure(&mut self, failure: &Failure) -> io::Result<()> {
+        match &mut self.target {
+            Some(target) => target.failures.push(failure),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes the report (summary, then every spooled failure and record) and renames it into
+    /// place.
     pub(crate) fn finish(self, summary: &Summary) -> io::Result<()> {
-        let Some((path, spool_path, spool)) = self.target else {
+        let Some(target) = self.target else {
             return Ok(());
         };
-        spool.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-        fs::write_atomic_path(&path, |file| {
+        let failures = target.failures.close()?;
+        let files = target.files.close()?;
+        fs::write_atomic_path(&target.path, |file| {
             let mut out = BufWriter::new(file);
             let head = serde_json::to_string_pretty(summary)?;
             out.write_all(head.trim_end().trim_end_matches('}').trim_end().as_bytes())?;
-            out.write_all(b",\n  \"files\": [")?;
-            for (i, line) in BufReader::new(File::open(&spool_path)?).lines().enumerate() {
-                out.write_all(if i == 0 { b"\n    " } else { b",\n    " })?;
-                out.write_all(line?.as_bytes())?;
+            for (name, spool) in [("failures", &failures), ("files", &files)] {
+                write!(out, ",\n  \"{name}\": [")?;
+                let mut empty = true;
+                for line in BufReader::new(File::open(spool)?).lines() {
+                    out.write_all(if empty { b"\n    " } else { b",\n    " })?;
+                    out.write_all(line?.as_bytes())?;
+                    empty = false;
+                }
+                out.write_all(if empty { b"]" } else { b"\n  ]" })?;
             }
-            out.write_all(b"\n  ]\n}\n")?;
+            out.write_all(b"\n}\n")?;
             out.flush()
         })?;
-        std::fs::remove_file(&spool_path)
+        std::fs::remove_file(&failures)?;
+        std::fs::remove_file(&files)
     }
 }
 
@@ -257,7 +343,10 @@ mod tests {
             dest: "/d".into(),
             result: RunResult::Complete,
             error: None,
+            exit_code: 0,
+            error_kind: None,
             objects: ObjectCounts::default(),
+            selection: SelectionCounts::default(),
             bytes: ByteCounts::default(),
             part_retries: 0,
             object_restarts: 0,
@@ -331,6 +420,7 @@ mod tests {
     #[test]
     fn the_closing_line_and_the_report_say_what_bounded_the_run() {
         let mut bounded = summary();
+        bounded.bytes.received = 1;
         bounded.bound = Some(Bound::judge(&crate::bound::Measured {
             seconds: 2.0,
             cpu_seconds: 3.9,
@@ -355,5 +445,87 @@ mod tests {
             line.contains("writes; no bound reached: 0.00 of 0 cores"),
             "{line}"
         );
+    }
+
+    #[test]
+    fn the_report_holds_every_failure_from_its_spool_and_says_how_the_run_ended() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.json");
+        let mut sink = ReportSink::new(Some(&path)).unwrap();
+        for i in 0..12_345 {
+            sink.failure(&Failure {
+                key: format!("p/{i}"),
+                reason: "GET: access denied".into(),
+            })
+            .unwrap();
+        }
+        let mut failed = summary();
+        failed.result = RunResult::Failed;
+        failed.exit_code = 1;
+        failed.error_kind = Some(ErrorKind::ObjectsFailed);
+        failed.failures = vec![Failure {
+            key: "p/0".into(),
+            reason: "kept in memory, not written twice".into(),
+        }];
+        sink.finish(&failed).unwrap();
+        let value: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let failures = value["failures"].as_array().unwrap();
+        assert_eq!(failures.len(), 12_345);
+        assert_eq!(failures[12_344]["key"], "p/12344");
+        assert_eq!(value["files"], serde_json::json!([]));
+        assert_eq!(value["exit_code"], 1);
+        assert_eq!(value["error_kind"], "objects_failed");
+        assert_eq!(
+            serde_json::to_value(summary()).unwrap()["error_kind"],
+            serde_json::Value::Null
+        );
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "spools removed"
+        );
+    }
+
+    #[test]
+    fn an_interrupted_run_counts_what_it_finished_of_what_was_listed() {
+        let mut stopped = summary();
+        stopped.result = RunResult::Failed;
+        stopped.error = Some("stopped before the end; a new run resumes".into());
+        stopped.objects.total = 121;
+        stopped.objects.downloaded = 100;
+        stopped.objects.skipped = 21;
+        stopped.bytes.total = 80 << 20;
+        stopped.bytes.downloaded = 60 << 20;
+        stopped.bytes.skipped = 12 << 20;
+        stopped.bytes.received = 61 << 20;
+        stopped.selection = SelectionCounts {
+            objects: 295,
+            bytes: 239 << 20,
+            complete: true,
+        };
+        let line = stopped.one_line();
+        assert!(
+            line.starts_with("hydrator: INCOMPLETE: 121 of 295 listed objects (72.0 MiB of 239.0 MiB) from s3://b/p/ to /d: 100 downloaded, 21 up to date, 0 failed in 1.0 s ("),
+            "{line}"
+        );
+        stopped.selection.complete = false;
+        assert!(
+            stopped
+                .one_line()
+                .contains(": 121 of 295 objects listed so far (72.0 MiB of 239.0 MiB) from"),
+            "{}",
+            stopped.one_line()
+        );
+    }
+
+    #[test]
+    fn a_run_that_transferred_nothing_has_no_throughput_and_no_bound() {
+        let mut idle = summary();
+        idle.bound = Some(Bound::judge(&Default::default()));
+        let line = idle.one_line();
+        assert!(line.ends_with(" in 1.0 s (nothing transferred)"), "{line}");
+        idle.io_backend = None;
+        assert!(idle.one_line().ends_with(" in 1.0 s (nothing written)"));
     }
 }

@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use tokio::sync::watch;
 
+use super::failures::Book;
 use super::object::{published, resumable, still_on_disk};
 use super::run::{
     dest_unusable, empty_selection, refuse_another_dataset, report_sink, snapshot_already_there,
@@ -106,7 +107,9 @@ pub(super) async fn run(
     let mut tally = Tally {
         stats: &stats,
         sink: &mut sink,
-        failures: Vec::new(),
+        // A prediction goes through the whole listing: --max-errors stops real runs only.
+        failures: Book::new(true, 0),
+        tripped: None,
         sink_error: None,
         schedule: None,
         placement: Default::default(),
@@ -120,7 +123,12 @@ pub(super) async fn run(
         let entry = match item {
             Some(Ok(entry)) => entry,
             Some(Err(err)) => break Some(err),
-            None => break None,
+            None => {
+                stats
+                    .listing_done
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                break None;
+            }
         };
         let Some(rel) = tally.select(&cfg.source.prefix, &filter, &entry) else {
             continue;
@@ -140,8 +148,9 @@ pub(super) async fn run(
             .await
             .map(Into::into);
     }
-    let failures = tally.failures;
-    let complete = fatal.is_none() && failures.is_empty();
+    let (failures, unshown) = tally.failures.finish();
+    let any_failed = Stats::get(&stats.objects_failed) > 0;
+    let complete = fatal.is_none() && !any_failed;
     if cfg.delete && fatal.is_none() && !complete {
         tracing::warn!(
             "--delete would be skipped: some objects would fail, so their local copies are kept"
@@ -166,11 +175,11 @@ pub(super) async fn run(
     }
     let exit = fatal.as_ref().map_or(Exit::Success, SyncError::exit);
     // The summary says how the run would end; the dry run itself succeeded.
-    let predicted = match failures.is_empty() {
-        true => exit,
-        false => Exit::Failed,
+    let predicted = match any_failed {
+        false => exit,
+        true => Exit::Failed,
     };
-    let summary = summarize(
+    let mut summary = summarize(
         cfg,
         &stats,
         predicted,
@@ -179,18 +188,23 @@ pub(super) async fn run(
         failures,
         started,
     );
+    // `result` and `error_kind` are the prediction; `exit_code` is the dry run's own.
+    summary.exit_code = exit as u8;
     if let Err(err) = sink.finish(&summary) {
         tracing::error!("writing the report: {err}");
+        summary.exit_code = Exit::Failed as u8;
         return Ok(Outcome {
             summary,
             exit: Exit::Failed,
             error: fatal,
+            unshown,
         });
     }
     Ok(Outcome {
         summary,
         exit,
         error: fatal,
+        unshown,
     })
 }
 

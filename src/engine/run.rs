@@ -15,6 +15,7 @@ use super::ahead::{self, Ahead};
 use super::ceiling::Ceiling;
 use super::checkpoint::{self, Checkpoints};
 use super::context::{Ctx, FetchCtx, WriteCtx};
+use super::failures::{self, Cause, Unshown};
 use super::limits;
 use super::measure::Baseline;
 use super::object::mirror_object;
@@ -26,7 +27,8 @@ use crate::bound::Bound;
 use crate::config::{Concurrency, SyncConfig};
 use crate::console::{self, Level};
 use crate::error::{
-    EmptySelection, Exit, IoContext, LocalError, NoSpace, ObjectError, SyncError, UsageError,
+    EmptySelection, ErrorKind, Exit, IoContext, LocalError, NoSpace, ObjectError, SyncError,
+    TooManyFailures, UsageError,
 };
 use crate::fs::Dir;
 use crate::host::Host;
@@ -39,8 +41,8 @@ use crate::manifest::{self, journal, Manifest};
 use crate::plan::filter::KeyFilter;
 use crate::plan::keys::{plan_key, KeyPlan, Placement, RelPath, STATE_DIR};
 use crate::report::{
-    ByteCounts, Failure, FileRecord, FileStatus, ObjectCounts, ReportSink, RunResult, Summary,
-    REPORT_VERSION,
+    ByteCounts, Failure, FileRecord, FileStatus, ObjectCounts, ReportSink, RunResult,
+    SelectionCounts, Summary, REPORT_VERSION,
 };
 use crate::snapshot;
 use crate::source::list::{self, ObjectEntry};
@@ -56,8 +58,6 @@ use crate::write::Writers;
 const BUFFERS_PER_REQUEST: usize = 2;
 /// Spare buffers so that writers never idle while GETs refill.
 const SPARE_BUFFERS: usize = 4;
-/// Failures kept in the report (all are logged).
-const MAX_REPORTED_FAILURES: usize = 10_000;
 
 /// Request slots and write buffers that several runs in one process share, so that together
 /// they stay inside one concurrency and memory budget and back off together when throttled.
@@ -140,6 +140,8 @@ pub(crate) struct Outcome {
     pub exit: Exit,
     /// What cut the run short (the summary's `error`, with its cause).
     pub error: Option<SyncError>,
+    /// The failures past the first ones, which were printed as they happened.
+    pub unshown: Unshown,
 }
 
 impl Outcome {
@@ -157,33 +159,28 @@ impl Outcome {
 
     fn show(self, closing_line_on_stdout: bool) -> Exit {
         if let Some(error) = &self.summary.error {
-            crate::note!(Level::Error, "error: {error}");
+            let what = match self.error {
+                Some(SyncError::TooManyFailures(_)) => "stopping",
+                _ => "error",
+            };
+            crate::note!(Level::Error, "{what}: {error}");
         }
-        let failed = match self.summary.dry_run {
-            true => "would fail",
-            false => "failed",
-        };
-        for failure in self.summary.failures.iter().take(20) {
-            let line = format_args!("{failed}: {}: {}", failure.key, failure.reason);
-            console::say(Level::Error, line, Some(failure));
+        if !self.unshown.is_empty() {
+            console::say(Level::Error, &self.unshown, None);
         }
         let line = self.summary.one_line();
         if closing_line_on_stdout {
             crate::out!("{line}");
         }
+        let level = match self.exit {
+            Exit::Success => Level::Info,
+            _ => Level::Error,
+        };
+        let message = line.trim_start_matches("hydrator: ");
         if console::json() {
-            let mut fields = serde_json::to_value(&self.summary).unwrap_or_default();
-            if let Some(fields) = fields.as_object_mut() {
-                // Named above, one line each; the report keeps them all.
-                fields.remove("failures");
-            }
-            console::say(
-                Level::Info,
-                line.trim_start_matches("hydrator: "),
-                Some(&fields),
-            );
+            console::say(level, message, Some(&self.summary));
         } else if !closing_line_on_stdout {
-            console::say(Level::Info, line.trim_start_matches("hydrator: "), None);
+            console::say(level, message, None);
         }
         self.exit
     }
@@ -355,7 +352,7 @@ async fn prepare(
 struct Mirrored {
     /// What cut the run short: a broken listing, a stop signal, a report that cannot be written.
     fatal: Option<SyncError>,
-    failures: Vec<Failure>,
+    failures: failures::Book,
     /// The keys the run mirrors (all of the source's only when nothing was fatal).
     listed: Option<ListedKeys>,
 }
@@ -372,7 +369,8 @@ async fn mirror(
     let mut tally = Tally {
         stats: &stats,
         sink: &mut run.sink,
-        failures: Vec::new(),
+        failures: failures::Book::new(false, cfg.max_errors),
+        tripped: None,
         sink_error: None,
         schedule: schedule.as_deref(),
         placement: Placement::default(),
@@ -394,7 +392,7 @@ async fn mirror(
         Err(err) => {
             return Mirrored {
                 fatal: Some(LocalError::new("reading the manifest in", state_path, err).into()),
-                failures: Vec::new(),
+                failures: tally.failures,
                 listed: None,
             }
         }
@@ -420,6 +418,9 @@ async fn mirror(
         fatal = loop {
             if tally.full_disk.is_some() {
                 break None;
+            }
+            if let Some(err) = tally.tripped() {
+                break Some(err);
             }
             tokio::select! {
                 done = tasks.join_next() => match done {
@@ -533,6 +534,9 @@ async fn in_listing_order(
     stop: &mut Option<watch::Receiver<bool>>,
 ) -> Option<SyncError> {
     loop {
+        if let Some(err) = tally.tripped() {
+            return Some(err);
+        }
         let asked = Instant::now();
         let item = tokio::select! {
             item = listing.recv() => item,
@@ -576,6 +580,9 @@ async fn in_schedule_order(
 ) -> Option<SyncError> {
     let mut planning = true;
     loop {
+        if let Some(err) = tally.tripped() {
+            return Some(err);
+        }
         tokio::select! {
             item = listing.recv(), if planning => match item {
                 Some(Ok(entry)) => match planner.plan(tally, entry) {
@@ -622,6 +629,7 @@ async fn finish(cfg: &SyncConfig, run: Prepared, mirrored: Mirrored, started: In
         failures,
         listed,
     } = mirrored;
+    let (failures, unshown) = failures.finish();
     let ctx = &run.ctx;
     let (stats, manifest) = (&ctx.fetch.stats, &ctx.write.manifest);
     run.progress.finish();
@@ -711,18 +719,24 @@ async fn finish(cfg: &SyncConfig, run: Prepared, mirrored: Mirrored, started: In
             summary,
             exit,
             error: fatal,
+            unshown,
         },
         Err(err) => {
             tracing::error!("writing the report: {err}");
-            let exit = if exit == Exit::Success {
-                Exit::Failed
-            } else {
-                exit
-            };
+            let mut summary = summary;
+            if exit == Exit::Success {
+                summary.exit_code = Exit::Failed as u8;
+                summary.error_kind = Some(ErrorKind::Local);
+            }
             Outcome {
+                exit: if exit == Exit::Success {
+                    Exit::Failed
+                } else {
+                    exit
+                },
                 summary,
-                exit,
                 error: fatal,
+                unshown,
             }
         }
     }
@@ -929,6 +943,7 @@ pub(super) fn snapshot_already_there(
     })?;
     tracing::info!("DEST already holds snapshot {} (READY)", snapshot.digest);
     let stats = Stats::default();
+    stats.listing_done.store(true, Relaxed);
     for (counter, n) in [
         (&stats.objects_listed, ready.objects),
         (&stats.objects_skipped, ready.objects),
@@ -945,6 +960,7 @@ pub(super) fn snapshot_already_there(
         summary,
         exit: Exit::Success,
         error: None,
+        unshown: Unshown::default(),
     })
 }
 
@@ -969,6 +985,12 @@ pub(super) fn summarize(
 ) -> Summary {
     let elapsed = started.elapsed().as_secs_f64();
     let downloaded = Stats::get(&stats.bytes_downloaded);
+    let selection = stats.selection();
+    let error_kind = match (fatal, exit) {
+        (Some(err), _) => Some(err.kind()),
+        (None, Exit::Success) => None,
+        (None, _) => Some(ErrorKind::ObjectsFailed),
+    };
     Summary {
         version: REPORT_VERSION,
         dry_run: cfg.dry_run,
@@ -980,6 +1002,8 @@ pub(super) fn summarize(
             RunResult::Failed
         },
         error: fatal.map(|err| err.to_string()),
+        exit_code: exit as u8,
+        error_kind,
         objects: ObjectCounts {
             listed: Stats::get(&stats.objects_listed),
             total: stats.objects_finished(),
@@ -990,6 +1014,11 @@ pub(super) fn summarize(
             directory_markers: Stats::get(&stats.directory_markers),
             deleted: Stats::get(&stats.files_deleted),
             foreign: Stats::get(&stats.files_foreign),
+        },
+        selection: SelectionCounts {
+            objects: selection.objects,
+            bytes: selection.bytes,
+            complete: selection.complete,
         },
         bytes: ByteCounts {
             total: Stats::get(&stats.bytes_listed),
@@ -1011,11 +1040,13 @@ pub(super) fn summarize(
     }
 }
 
-/// Books finished objects into the counters, the report and the failure list.
+/// Books finished objects into the counters, the report and the failures.
 pub(super) struct Tally<'a> {
     pub stats: &'a Stats,
     pub sink: &'a mut ReportSink,
-    pub failures: Vec<Failure>,
+    pub failures: failures::Book,
+    /// `--max-errors` failures in a row: the run stops.
+    pub tripped: Option<TooManyFailures>,
     pub sink_error: Option<std::io::Error>,
     /// Told of each finished object (a lazy view waits on it).
     pub schedule: Option<&'a Schedule>,
@@ -1100,19 +1131,29 @@ impl Tally<'_> {
         };
         Stats::add(objects, 1);
         Stats::add(bytes, record.size);
+        self.failures.succeeded();
         if let Err(err) = self.sink.record(&record) {
             self.sink_error.get_or_insert(err);
         }
     }
 
+    /// Books a failed object: counted, spooled for the report, printed if among the first.
     pub(super) fn failed(&mut self, key: String, err: ObjectError) {
-        tracing::error!(key = %key, "failed: {err}");
         Stats::add(&self.stats.objects_failed, 1);
-        if self.failures.len() < MAX_REPORTED_FAILURES {
-            self.failures.push(Failure {
-                key,
-                reason: err.to_string(),
-            });
+        let failure = Failure {
+            key,
+            reason: err.to_string(),
+        };
+        if let Err(err) = self.sink.failure(&failure) {
+            self.sink_error.get_or_insert(err);
         }
+        if let Some(tripped) = self.failures.failed(failure, Cause::of(&err)) {
+            self.tripped = Some(tripped);
+        }
+    }
+
+    /// The error that stops the run once `--max-errors` failures came in a row.
+    fn tripped(&mut self) -> Option<SyncError> {
+        self.tripped.take().map(Into::into)
     }
 }

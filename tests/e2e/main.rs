@@ -16,6 +16,7 @@ mod habits;
 mod https;
 mod memory;
 mod mount;
+mod output;
 mod p2p;
 mod progress;
 mod soak;
