@@ -79,7 +79,8 @@ pub enum Command {
     /// DEST.
     #[command(override_usage = "hydrator sync [OPTIONS] <SOURCE DEST | --snapshot FILE DEST>")]
     Sync(SyncArgs),
-    /// Re-hash every file in DEST against its manifest; --repair fetches bad files again.
+    /// Re-hash every file in DEST against its manifest, and fail a DEST without READY (saying
+    /// how much of the dataset it holds); --repair fetches bad and missing files again.
     Verify(VerifyArgs),
     /// Freeze the listing of s3://BUCKET/PREFIX/ into a file that `sync --snapshot` hydrates.
     Snapshot(SnapshotArgs),

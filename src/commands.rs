@@ -76,8 +76,17 @@ async fn verify(args: VerifyArgs) -> Result<Exit, SyncError> {
             );
         }
     }
+    if let Some(incomplete) = &findings.incomplete {
+        let mut fields = incomplete_fields(incomplete);
+        fields.insert("finding".into(), "ready_missing".into());
+        console::say(
+            Level::Error,
+            format_args!("verify: {incomplete}; verify --repair, or a sync, completes it"),
+            Some(&fields),
+        );
+    }
     let line = format!(
-        "hydrator: verified {} files in {}: {} missing, {} corrupt; {} files not in the source{}",
+        "hydrator: verified {} files in {}: {} missing, {} corrupt; {} files not in the source{}{}",
         findings.checked,
         args.dest.display(),
         findings.missing.len(),
@@ -86,24 +95,31 @@ async fn verify(args: VerifyArgs) -> Result<Exit, SyncError> {
         match findings.foreign.is_empty() {
             true => "",
             false => " (kept: sync --delete removes them)",
+        },
+        match findings.incomplete {
+            Some(_) => "; READY missing",
+            None => "",
         }
     );
     crate::out!("{line}");
     if console::json() {
-        let counts = serde_json::json!({
+        let mut counts = serde_json::json!({
             "dest": args.dest.display().to_string(),
             "checked": findings.checked,
             "missing": findings.missing.len(),
             "corrupt": findings.corrupt.len(),
             "foreign": findings.foreign.len(),
+            "ready": findings.incomplete.is_none(),
         });
+        if let (Some(incomplete), Some(counts)) = (&findings.incomplete, counts.as_object_mut()) {
+            counts.extend(incomplete_fields(incomplete));
+        }
         console::say(Level::Info, &line, Some(&counts));
     }
     if !args.repair {
-        return Ok(if findings.clean() {
-            Exit::Success
-        } else {
-            Exit::Failed
+        return Ok(match findings.passes() {
+            true => Exit::Success,
+            false => Exit::Failed,
         });
     }
     let url = S3Url {
@@ -152,6 +168,22 @@ async fn verify(args: VerifyArgs) -> Result<Exit, SyncError> {
         ..Default::default()
     };
     Ok(engine::run_with(config.build()?, hooks).await?.print())
+}
+
+/// A DEST without READY, as JSON fields: the published objects and bytes the manifest records
+/// and, when the last run's listing ended, what it selected (else `null`).
+fn incomplete_fields(incomplete: &check::Incomplete) -> serde_json::Map<String, serde_json::Value> {
+    let selected = incomplete.selected;
+    let fields = [
+        ("recorded_objects", Some(incomplete.objects)),
+        ("recorded_bytes", Some(incomplete.bytes)),
+        ("selected_objects", selected.map(|s| s.objects)),
+        ("selected_bytes", selected.map(|s| s.bytes)),
+    ];
+    fields
+        .into_iter()
+        .map(|(name, value)| (name.to_string(), value.into()))
+        .collect()
 }
 
 async fn snapshot(args: SnapshotArgs) -> Result<Exit, SyncError> {

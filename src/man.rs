@@ -83,9 +83,9 @@ fn exit_status(command: &str) -> &'static [(u8, &'static str)] {
     const VERIFY: &[(u8, &str)] = &[
         (
             0,
-            "Nothing missing or corrupt (with --repair: everything repaired).",
+            "Nothing missing or corrupt, and READY there (with --repair: everything repaired).",
         ),
-        (1, "Files are missing or corrupt; with --repair, as sync."),
+        (1, "Files are missing or corrupt, or READY is missing (the dataset is incomplete); with --repair, as sync."),
         (
             2,
             "Usage: DEST is not a directory or holds no manifest, or options that do not apply.",

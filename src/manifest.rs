@@ -19,6 +19,7 @@ pub(crate) mod journal;
 pub(crate) mod listed;
 pub(crate) mod lock;
 pub(crate) mod ready;
+pub(crate) mod selected;
 pub(crate) mod view;
 
 use std::collections::{BTreeMap, HashMap};
@@ -185,6 +186,14 @@ pub(crate) fn hex(bytes: &[u8; 32]) -> String {
 
 pub(crate) fn parse_hex32(text: &str) -> Option<[u8; 32]> {
     blake3::Hash::from_hex(text).ok().map(|h| *h.as_bytes())
+}
+
+/// The JSON file `name` in the state directory, if present and readable.
+fn read_json<T: serde::de::DeserializeOwned>(state_dir: &Dir, name: &str) -> Option<T> {
+    let mut file = state_dir.open_file(name, OFlags::RDONLY).ok()?;
+    let mut text = String::new();
+    io::Read::read_to_string(&mut file, &mut text).ok()?;
+    serde_json::from_str(&text).ok()
 }
 
 /// Whether two sources are the same dataset: the same bucket and prefix. The endpoint may

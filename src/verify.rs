@@ -7,16 +7,25 @@
 //! and corrupt files in the manifest and runs a sync of the manifest's source, which fetches
 //! exactly those again and writes READY once the dataset is whole. The manifest is read as a
 //! run would find it, without folding it ([`ManifestView`]).
+//!
+//! A DEST without READY fails the check too, however sound its files: it is not a dataset a
+//! trainer may start on. What it holds is said against what the last run's listing selected
+//! ([`selected`]), so "72 of 365 objects" tells an interrupted hydration from a finished one.
+//! hydrator's own `.NAME.partial` files (downloads in progress, or left by a run cut short) are
+//! not files "not in the source": they are the dataset's, on their way.
 
+use std::fmt;
 use std::io;
 use std::sync::Mutex;
 
 use crate::error::{IoContext, SyncError, UsageError};
 use crate::manifest::base::ObjectStream;
 use crate::manifest::journal::SourceInfo;
+use crate::manifest::selected::{self, Selected};
 use crate::manifest::view::ManifestView;
 use crate::manifest::{lock, ready, Manifest};
-use crate::plan::keys::{plan_key, KeyPlan, STATE_DIR};
+use crate::plan::keys::{is_partial_name, plan_key, KeyPlan, STATE_DIR};
+use crate::units::human_bytes;
 use crate::write::dest::Dest;
 use crate::write::walk::walk;
 
@@ -24,6 +33,10 @@ use crate::write::walk::walk;
 #[derive(Debug, Default)]
 pub(crate) struct Findings {
     pub checked: u64,
+    /// Bytes of the files checked: the published objects' sizes.
+    pub checked_bytes: u64,
+    /// READY was missing: how incomplete DEST is.
+    pub incomplete: Option<Incomplete>,
     pub missing: Vec<String>,
     pub corrupt: Vec<String>,
     /// Files in DEST the manifest does not hold: not part of the dataset, not an error.
@@ -33,8 +46,41 @@ pub(crate) struct Findings {
 }
 
 impl Findings {
+    /// Nothing missing or corrupt.
     pub(crate) fn clean(&self) -> bool {
         self.missing.is_empty() && self.corrupt.is_empty()
+    }
+
+    /// Clean, and READY there: the check passes.
+    pub(crate) fn passes(&self) -> bool {
+        self.clean() && self.incomplete.is_none()
+    }
+}
+
+/// A DEST without READY: the published objects its manifest records, against what the last
+/// run's listing selected (`None`: that run stopped before its listing ended).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Incomplete {
+    pub objects: u64,
+    pub bytes: u64,
+    pub selected: Option<Selected>,
+}
+
+impl fmt::Display for Incomplete {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (objects, bytes) = (self.objects, human_bytes(self.bytes));
+        match self.selected {
+            Some(all) => write!(
+                f,
+                "READY missing: the manifest records {objects} of {} objects ({bytes} of {})",
+                all.objects,
+                human_bytes(all.bytes)
+            ),
+            None => write!(
+                f,
+                "READY missing: the manifest records {objects} objects ({bytes}); the last run did not finish listing, so the total is not known"
+            ),
+        }
     }
 }
 
@@ -95,7 +141,16 @@ pub(crate) async fn verify(
         .ok_or_else(no_manifest)?;
     let source = view.source().clone();
     let findings = tokio::task::spawn_blocking(move || -> io::Result<Findings> {
-        let findings = check(&dest, &view)?;
+        let has_ready = ready::exists(&state_dir)?;
+        let selected = selected::read(&state_dir);
+        let mut findings = check(&dest, &view)?;
+        if !has_ready {
+            findings.incomplete = Some(Incomplete {
+                objects: findings.checked,
+                bytes: findings.checked_bytes,
+                selected,
+            });
+        }
         if findings.clean() || mode == Mode::ReadOnly {
             return Ok(findings);
         }
@@ -124,7 +179,7 @@ fn check(dest: &Dest, manifest: &ManifestView) -> io::Result<Findings> {
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
     let (queue, files) = std::sync::mpsc::sync_channel::<Expected>(QUEUED_FILES);
     let files = Mutex::new(files);
-    let streamed = std::thread::scope(|scope| -> io::Result<u64> {
+    let streamed = std::thread::scope(|scope| -> io::Result<(u64, u64)> {
         for _ in 0..workers {
             scope.spawn(|| loop {
                 let Ok(file) = files.lock().expect("queue lock").recv() else {
@@ -140,7 +195,7 @@ fn check(dest: &Dest, manifest: &ManifestView) -> io::Result<Findings> {
                 f.bad_keys.push(file.key);
             });
         }
-        let mut checked = 0;
+        let (mut checked, mut checked_bytes) = (0, 0);
         let mut objects = manifest.objects()?;
         while let Some((key, o)) = objects.next_object()? {
             if let Some(done) = o.complete {
@@ -151,18 +206,22 @@ fn check(dest: &Dest, manifest: &ManifestView) -> io::Result<Findings> {
                     blake3: done.blake3,
                 };
                 checked += 1;
+                checked_bytes += file.size;
                 if queue.send(file).is_err() {
                     break;
                 }
             }
         }
         drop(queue);
-        Ok(checked)
+        Ok((checked, checked_bytes))
     });
     let mut findings = findings.into_inner().expect("findings lock");
-    findings.checked = streamed?;
+    (findings.checked, findings.checked_bytes) = streamed?;
     let mut base = manifest.cursor()?;
     walk(dest, false, &mut |entry| {
+        if is_partial_name(entry.name) {
+            return Ok(());
+        }
         let key = format!("{prefix}{}", entry.path);
         if base.find(&key)?.is_none_or(|o| o.complete.is_none()) {
             findings.foreign.push(entry.path.to_string());
@@ -205,5 +264,31 @@ fn check_file(dest: &Dest, file: &Expected) -> Verdict {
         Verdict::Good
     } else {
         Verdict::Corrupt("BLAKE3 differs".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn incomplete_says_what_the_manifest_holds_against_the_selection_or_that_it_is_unknown() {
+        let mut incomplete = Incomplete {
+            objects: 72,
+            bytes: 72 << 20,
+            selected: Some(Selected {
+                objects: 365,
+                bytes: 365 << 20,
+            }),
+        };
+        assert_eq!(
+            incomplete.to_string(),
+            "READY missing: the manifest records 72 of 365 objects (72.0 MiB of 365.0 MiB)"
+        );
+        incomplete.selected = None;
+        assert_eq!(
+            incomplete.to_string(),
+            "READY missing: the manifest records 72 objects (72.0 MiB); the last run did not finish listing, so the total is not known"
+        );
     }
 }

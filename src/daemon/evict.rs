@@ -26,15 +26,18 @@ const TRASH: &str = "trash";
 /// change made behind its back (a person deleting files) is noticed within the hour.
 const USAGE_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(3600);
 
-/// Makes room for `need` bytes and books them to `flight`; `Err` says why it cannot fit.
+/// Makes room for the hydration `flight` of `dataset`, of `bytes` in all, and books them to
+/// it. Only what its snapshot directory does not hold yet is still to come
+/// ([`space::still_to_come`]). `Err` says why it cannot fit.
 pub(crate) async fn reserve(
     daemon: &Arc<Daemon>,
     flight: &Flight,
-    need: u64,
+    dataset: &str,
+    bytes: u64,
 ) -> Result<(), SpaceError> {
     let _space = daemon.space.lock().await;
-    make_room(daemon, need).await?;
-    flight.info().reserved = need;
+    make_room(daemon, Some((dataset, bytes))).await?;
+    flight.info().reserved = bytes;
     Ok(())
 }
 
@@ -46,12 +49,14 @@ pub(crate) async fn maintain(daemon: &Arc<Daemon>) {
         daemon.state_changed();
     }
     let _space = daemon.space.lock().await;
-    if let Err(why) = make_room(daemon, 0).await {
+    if let Err(why) = make_room(daemon, None).await {
         tracing::warn!("cannot keep the cache within its limits: {why}");
     }
 }
 
-async fn make_room(daemon: &Arc<Daemon>, need: u64) -> Result<(), SpaceError> {
+/// Evicts what the quota and the floor ask for, with room for `booking` (a dataset whose
+/// hydration asks for its bytes) on top.
+async fn make_room(daemon: &Arc<Daemon>, booking: Option<(&str, u64)>) -> Result<(), SpaceError> {
     let cache = daemon.catalog().cache.clone();
     let measured = measure(daemon).await.map_err(SpaceError::MeasureCache)?;
     let free = blocking({
@@ -61,16 +66,24 @@ async fn make_room(daemon: &Arc<Daemon>, need: u64) -> Result<(), SpaceError> {
     .await
     .map_err(SpaceError::MeasureCache)?;
     let used = measured.iter().map(|m| m.usage.total.shared).sum();
-    // What a running hydration already holds on disk (preallocated files, resumed parts) is in
-    // the cache's use, so only the rest of its booking is still to come.
+    // What a hydration's snapshot directory already holds (preallocated files, parts written
+    // before a restart, linked files) is in the cache's use, or adds nothing to it: only the
+    // rest of its bytes is still to come, for the running ones as for the one asking.
+    let to_come = |m: &Measured, bytes: u64| {
+        let held = m
+            .flight
+            .as_ref()
+            .and_then(|(digest, _)| m.usage.snapshots.get(digest));
+        held.map_or(bytes, |usage| space::still_to_come(bytes, usage.held))
+    };
     let reserved = measured
         .iter()
-        .filter_map(|m| {
-            let (digest, booked) = m.flight.as_ref()?;
-            let on_disk = m.usage.snapshots.get(digest).map_or(0, |u| u.exclusive);
-            Some(booked.saturating_sub(on_disk))
-        })
+        .filter_map(|m| Some(to_come(m, m.flight.as_ref()?.1)))
         .sum();
+    let need = booking.map_or(0, |(dataset, bytes)| {
+        let flight = measured.iter().find(|m| m.name == dataset);
+        flight.map_or(bytes, |m| to_come(m, bytes))
+    });
     daemon.metrics.cache_measured(used, free);
     let budget = space::Budget {
         quota: cache.quota,

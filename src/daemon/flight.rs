@@ -2,10 +2,10 @@
 //! hydration of that dataset in progress, or starts it. A hydration lists the source into a
 //! snapshot (or takes the catalog's pinned one), returns at once when that snapshot is already
 //! on disk, otherwise links the unchanged files of the previous snapshot, reserves space for
-//! the rest and runs the sync engine into `ROOT/<name>/<digest>/` under the daemon's shared
-//! request and buffer budget. The engine dispatches by a [`Schedule`], so the opens of lazy
-//! views (`POST .../want`) go first and steer what follows; with none it fetches in listing
-//! order.
+//! what its directory does not hold yet and runs the sync engine into `ROOT/<name>/<digest>/`
+//! under the daemon's shared request and buffer budget. The engine dispatches by a
+//! [`Schedule`], so the opens of lazy views (`POST .../want`) go first and steer what follows;
+//! with none it fetches in listing order.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -286,7 +286,7 @@ async fn hydrate(
         daemon.metrics.served_from_cache(name, linked.bytes);
     }
     flight.set_phase(Phase::Reserving);
-    super::evict::reserve(daemon, flight, snapshot.bytes - linked.bytes).await?;
+    super::evict::reserve(daemon, flight, name, snapshot.bytes).await?;
     let schedule =
         flight.schedule.get_or_init(|| {
             let mut placement = Placement::default();

@@ -16,6 +16,10 @@ pub(crate) struct Usage {
     pub shared: u64,
     /// Allocated bytes of files with no other link: what removing the directory frees.
     pub exclusive: u64,
+    /// The files' bytes already written, whole whatever their links: each file's length, or
+    /// as much of it as is allocated (a sparse file holds only that). What a snapshot
+    /// directory already holds of its dataset.
+    pub held: u64,
 }
 
 /// Walks `dir` (never following symlinks) and adds up its files' allocated bytes; in the same
@@ -46,10 +50,15 @@ pub(crate) fn usage_within(dir: &Path, parts: &[PathBuf]) -> io::Result<(Usage, 
                 } else {
                     0
                 },
+                held: match meta.is_file() {
+                    true => bytes.min(meta.len()),
+                    false => 0,
+                },
             };
             for usage in std::iter::once(&mut total).chain(part.map(|i| &mut of_parts[i])) {
                 usage.shared += counted.shared;
                 usage.exclusive += counted.exclusive;
+                usage.held += counted.held;
             }
             if meta.is_dir() {
                 // A part counts what is inside it, as `usage` of it would.
@@ -60,6 +69,15 @@ pub(crate) fn usage_within(dir: &Path, parts: &[PathBuf]) -> io::Result<(Usage, 
         }
     }
     Ok((total, of_parts))
+}
+
+/// What a hydration of `bytes` still has to write into a snapshot directory that already
+/// holds `held` (its usage's [`Usage::held`]). A hydration resumed after a restart, or given
+/// the previous snapshot's unchanged files as hard links, finds part of its dataset on disk:
+/// those bytes are in the cache's use already (or, linked, add nothing to it), so booking the
+/// whole dataset again would count them twice.
+pub(crate) fn still_to_come(bytes: u64, held: u64) -> u64 {
+    bytes.saturating_sub(held)
 }
 
 /// Bytes an unprivileged writer can still use on `path`'s filesystem.
@@ -207,5 +225,26 @@ mod tests {
         assert!(ua.exclusive >= file && ua.exclusive < 2 * file, "{ua:?}");
         assert!(ub.exclusive < file, "{ub:?}");
         assert!(all.shared >= 2 * file && all.shared < 3 * file, "{all:?}");
+    }
+
+    #[test]
+    fn a_directory_holds_its_linked_files_whole_and_a_sparse_file_by_what_is_allocated() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let (old, new) = (dir.path().join("old"), dir.path().join("new"));
+        std::fs::create_dir_all(&old).unwrap();
+        std::fs::create_dir_all(&new).unwrap();
+        std::fs::write(old.join("same"), vec![1u8; 64 << 10]).unwrap();
+        std::fs::hard_link(old.join("same"), new.join("same")).unwrap();
+        let mut partial = std::fs::File::create(new.join(".big.partial")).unwrap();
+        partial.set_len(1 << 20).unwrap();
+        partial.write_all(&[2u8; 64 << 10]).unwrap();
+        partial.sync_all().unwrap();
+        let held = usage(&new).unwrap().held;
+        let written = 2 * (64 << 10);
+        assert!(held >= written && held < written + (512 << 10), "{held}");
+        let dataset = (64 << 10) + (1 << 20);
+        assert_eq!(still_to_come(dataset, held), dataset - held);
+        assert_eq!(still_to_come(held, dataset), 0);
     }
 }

@@ -29,7 +29,7 @@ use crate::manifest::listed::{ListedKeys, ListedReader};
 use crate::manifest::view::ManifestView;
 use crate::manifest::{lock, ObjectState};
 use crate::plan::filter::KeyFilter;
-use crate::plan::keys::{RelPath, STATE_DIR};
+use crate::plan::keys::{is_partial_name, RelPath, STATE_DIR};
 use crate::plan::parts::part_ranges;
 use crate::report::{FileRecord, FileStatus};
 use crate::snapshot;
@@ -335,7 +335,9 @@ impl Plan<'_> {
 /// Walks DEST as `--delete` would after the run and counts the files that are not in the
 /// source, naming them as ones `--delete` would remove when `name_them`: those the filters
 /// select whose key the run did not list (and that are not partial files the run would
-/// publish). `listed` holds the listed keys in ascending order, as the walk's paths.
+/// publish). Without `name_them` it counts foreign files as the run would, hydrator's own
+/// leftover `.partial` files aside. `listed` holds the listed keys in ascending order, as the
+/// walk's paths.
 fn unlisted_files(
     dest: &Dest,
     filter: &KeyFilter,
@@ -362,7 +364,7 @@ fn unlisted_files(
                     entry.path
                 );
             }
-            unlisted += 1;
+            unlisted += u64::from(name_them || !is_partial_name(entry.name));
         }
         Ok(())
     })?;

@@ -37,6 +37,7 @@ use crate::manifest::journal::SourceInfo;
 use crate::manifest::listed::ListedKeys;
 use crate::manifest::lock::{self, DestLock};
 use crate::manifest::ready::{self, Ready};
+use crate::manifest::selected::{self, Selected};
 use crate::manifest::{self, journal, Manifest};
 use crate::plan::filter::KeyFilter;
 use crate::plan::keys::{plan_key, KeyPlan, Placement, RelPath, STATE_DIR};
@@ -257,7 +258,9 @@ async fn prepare(
         .try_clone()
         .and_then(|dir| Manifest::open(dir, &journal::SourceInfo::from(cfg)))
         .local("opening the manifest in", &state_path)?;
-    ready::remove(&state_dir).local("removing READY from", &state_path)?;
+    ready::remove(&state_dir)
+        .and_then(|()| selected::remove(&state_dir))
+        .local("removing READY from", &state_path)?;
     tracing::info!(
         backend = %writers.backend,
         "writing with {}, {direct}",
@@ -387,6 +390,7 @@ async fn mirror(
             listed,
             filter: &run.filter,
             prefix: &cfg.source.prefix,
+            state_dir: &run.state_dir,
             state_path: &state_path,
         },
         Err(err) => {
@@ -470,6 +474,7 @@ struct Planner<'a> {
     listed: ListedKeys,
     filter: &'a KeyFilter,
     prefix: &'a str,
+    state_dir: &'a Dir,
     state_path: &'a std::path::Path,
 }
 
@@ -494,6 +499,22 @@ impl Planner<'_> {
             known,
             window: None,
         }))
+    }
+
+    /// The listing has ended: its totals are final, and recorded for `verify` (a DEST without
+    /// READY then says how much of the selection it holds).
+    fn listing_ended(&self, stats: &Stats) {
+        stats.listing_done.store(true, Relaxed);
+        let selected = Selected {
+            objects: Stats::get(&stats.objects_listed)
+                - Stats::get(&stats.objects_filtered)
+                - Stats::get(&stats.directory_markers),
+            bytes: Stats::get(&stats.bytes_listed),
+        };
+        if let Err(err) = selected::write(self.state_dir, selected) {
+            let at = self.state_path.display();
+            tracing::warn!("recording the listing's totals in {at}: {err}");
+        }
     }
 }
 
@@ -547,7 +568,7 @@ async fn in_listing_order(
             Some(Ok(entry)) => entry,
             Some(Err(err)) => return Some(err),
             None => {
-                tally.stats.listing_done.store(true, Relaxed);
+                planner.listing_ended(tally.stats);
                 return None;
             }
         };
@@ -599,7 +620,7 @@ async fn in_schedule_order(
                 },
                 Some(Err(err)) => return Some(err),
                 None => {
-                    tally.stats.listing_done.store(true, Relaxed);
+                    planner.listing_ended(tally.stats);
                     schedule.planning_done();
                     planning = false;
                 }

@@ -6,11 +6,11 @@
 //! over the sorted list of path, size and file hash), so two nodes with the same digest hold
 //! the same bytes.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 
 use serde::{Deserialize, Serialize};
 
-use crate::fs::{self, Dir, OFlags};
+use crate::fs::{self, Dir};
 
 const READY: &str = "READY";
 
@@ -67,12 +67,14 @@ pub(crate) fn write(state_dir: &Dir, ready: &Ready) -> io::Result<()> {
     })
 }
 
+/// Whether READY is there (read or not).
+pub(crate) fn exists(state_dir: &Dir) -> io::Result<bool> {
+    Ok(state_dir.stat_regular(READY)?.is_some())
+}
+
 /// READY's content, if present and readable.
 pub(crate) fn read(state_dir: &Dir) -> Option<Ready> {
-    let mut file = state_dir.open_file(READY, OFlags::RDONLY).ok()?;
-    let mut text = String::new();
-    file.read_to_string(&mut text).ok()?;
-    serde_json::from_str(&text).ok()
+    super::read_json(state_dir, READY)
 }
 
 #[cfg(test)]

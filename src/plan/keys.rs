@@ -184,7 +184,8 @@ impl Placement {
     }
 }
 
-fn is_partial_name(name: &str) -> bool {
+/// Whether `name` is that of one of hydrator's in-flight files, `.NAME.partial`.
+pub(crate) fn is_partial_name(name: &str) -> bool {
     name.len() > 1 + PARTIAL_SUFFIX.len() && name.starts_with('.') && name.ends_with(PARTIAL_SUFFIX)
 }
 

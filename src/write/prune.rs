@@ -15,6 +15,7 @@ use super::dest::Dest;
 use super::walk::{walk, Entry};
 use crate::manifest::Manifest;
 use crate::plan::filter::KeyFilter;
+use crate::plan::keys::is_partial_name;
 
 /// Removes unlisted files; returns how many. `prefix` is the source prefix: a file's key is
 /// `prefix` followed by its path.
@@ -35,15 +36,21 @@ pub(crate) fn remove_unlisted(
     Ok(removed)
 }
 
-/// Counts the files `--delete` would remove, without it: files in scope that are not part of
-/// the source (put into DEST by something else, or left by another dataset).
+/// Counts the files in scope that are not part of the source (put into DEST by something else,
+/// or left by another dataset): what `--delete` would remove, but for hydrator's own leftover
+/// `.partial` files, which it removes too and which are no one else's.
 pub(crate) fn count_unlisted(
     dest: &Dest,
     manifest: &Manifest,
     filter: &KeyFilter,
     prefix: &str,
 ) -> io::Result<u64> {
-    walk_unlisted(dest, manifest, filter, prefix, false, &mut |_| Ok(()))
+    let mut foreign = 0;
+    walk_unlisted(dest, manifest, filter, prefix, false, &mut |entry| {
+        foreign += u64::from(!is_partial_name(entry.name));
+        Ok(())
+    })?;
+    Ok(foreign)
 }
 
 /// Calls `each` on every file in scope whose key the manifest's base does not hold; removes

@@ -300,12 +300,14 @@ on_both_servers!(
 );
 
 /// The dataset `name`: one 24 MiB object whose second part stalls for a minute after 1 MiB,
-/// so a hydration of it is busy for as long as a test needs. Returns its files and a catalog.
+/// so a hydration of it is busy for as long as a test needs. Returns its files and a catalog
+/// with the cache's `quota`.
 fn stalled_dataset(
     server: &Server,
     dir: &Path,
     name: &str,
     seed: u64,
+    quota: &str,
 ) -> (BTreeMap<String, Vec<u8>>, String) {
     let prefix = format!("{name}/");
     let data = files(&[("big.bin", content(seed, 24 * MIB))]);
@@ -313,7 +315,7 @@ fn stalled_dataset(
     server
         .faults
         .add(Rule::get("big.bin", Fault::StallBody(MIB, Duration::from_secs(60))).skip(1));
-    let text = catalog(dir, &server.target, "1GiB", "", &[dataset(name, &prefix)]);
+    let text = catalog(dir, &server.target, quota, "", &[dataset(name, &prefix)]);
     (data, text)
 }
 
@@ -322,15 +324,8 @@ fn a_daemon_killed_mid_hydration_resumes_on_restart() {
     let server = Server::local();
     let dir = tempfile::tempdir().unwrap();
     let size = 24 * MIB;
-    let (data, text) = stalled_dataset(&server, dir.path(), "k", 9);
-    let daemon = Daemon::start(dir.path(), &server.target, &text);
-    let (code, _) = daemon.request("POST", "/v1/datasets/k/warm", "");
-    assert_eq!(code, 202);
-    // Parts 0 and 2 in, part 1 stalled after 1 MiB; then a checkpoint records durable parts
-    // (a loaded machine can take seconds to `syncfs`).
-    wait_for_progress(&daemon, "k", 17 * MIB as u64);
-    wait_for_durable_parts(&dir.path().join("cache/k"));
-    drop(daemon); // SIGKILL
+    let (data, text) = stalled_dataset(&server, dir.path(), "k", 9, "1GiB");
+    kill_mid_hydration(&server, dir.path(), &text, "k");
     let fetched_first = server.faults.object_bytes.load(Relaxed);
 
     let daemon = Daemon::start(dir.path(), &server.target, &text);
@@ -348,6 +343,36 @@ fn a_daemon_killed_mid_hydration_resumes_on_restart() {
         "durable parts are not fetched again: {fetched_again} bytes after the restart\n{}",
         daemon.log()
     );
+}
+
+#[test]
+fn a_hydration_resumed_after_a_restart_counts_what_its_directory_holds_once() {
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    // 24 MiB under a 40 MiB quota: the dataset fits once; its preallocated file counted as the
+    // cache's use and the whole dataset again as still to come would not (48 MiB).
+    let (data, text) = stalled_dataset(&server, dir.path(), "q", 11, "40MiB");
+    kill_mid_hydration(&server, dir.path(), &text, "q");
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    let output = daemon.warm("q", &[]);
+    assert_ok(&output, &daemon);
+    assert_mirror(Path::new(&stdout(&output)), &data);
+    assert!(
+        !daemon.log().contains("not enough space"),
+        "{}",
+        daemon.log()
+    );
+}
+
+/// Starts a daemon on `catalog`, has it hydrate the stalled dataset `name` and kills it
+/// (SIGKILL) once parts 0 and 2 are in, part 1 stalled after 1 MiB, and a checkpoint recorded
+/// durable parts (a loaded machine can take seconds to `syncfs`).
+fn kill_mid_hydration(server: &Server, dir: &Path, catalog: &str, name: &str) {
+    let daemon = Daemon::start(dir, &server.target, catalog);
+    let (code, _) = daemon.request("POST", &format!("/v1/datasets/{name}/warm"), "");
+    assert_eq!(code, 202);
+    wait_for_progress(&daemon, name, 17 * MIB as u64);
+    wait_for_durable_parts(&dir.join("cache").join(name));
 }
 
 /// Waits until a manifest under `dataset_dir` records durable parts.
@@ -644,7 +669,7 @@ fn a_ready_dataset_is_served_while_the_store_is_down_and_after_a_restart() {
 fn warm_rides_through_a_daemon_restart_in_the_middle_of_its_wait() {
     let server = Server::local();
     let dir = tempfile::tempdir().unwrap();
-    let (big, text) = stalled_dataset(&server, dir.path(), "roll", 5);
+    let (big, text) = stalled_dataset(&server, dir.path(), "roll", 5, "1GiB");
     let daemon = Daemon::start(dir.path(), &server.target, &text);
     let waiting = daemon
         .warm_command("roll", &[])

@@ -185,6 +185,77 @@ on_every_server!(
     "verify/"
 );
 
+/// A run that failed an object leaves DEST without READY: `verify` fails it and says how much
+/// of the listing's selection it holds, in text and in JSON. hydrator's own `.partial` files
+/// are never files "not in the source", for `verify` or for `sync`'s count; `--delete` removes
+/// a leftover one.
+#[test]
+fn verify_without_ready_says_how_incomplete_and_partial_files_are_not_foreign() {
+    let server = Server::local();
+    let expected = files(&[
+        ("a.txt", content(95, 1000)),
+        ("dir/b.txt", content(96, 2000)),
+        ("bad.bin", content(97, 3 * MIB)),
+    ]);
+    server.seed("incomplete/", &expected);
+    server
+        .faults
+        .add(Rule::get("bad.bin", Fault::TruncateBody(10)).times(usize::MAX));
+    let (_tmp, dest) = temp_dest();
+    server
+        .sync("incomplete/", &dest, &["--part-size", "1MiB"])
+        .assert_code(1);
+    assert!(ready(&dest).is_none());
+    // What a run cut short leaves of an object the source has since dropped.
+    std::fs::write(dest.join("dir/.gone.bin.partial"), b"half").unwrap();
+
+    let found = verify(&server, &dest, false);
+    assert_eq!(code(&found), 1, "{}", text(&found));
+    let out = text(&found);
+    assert!(
+        out.contains("READY missing: the manifest records 2 of 3 objects (2.9 KiB of 3.0 MiB)"),
+        "{out}"
+    );
+    assert!(!out.contains(".partial"), "{out}");
+    assert!(out.contains("0 files not in the source"), "{out}");
+    let json = server.hydrator(&[
+        OsStr::new("verify"),
+        dest.as_os_str(),
+        OsStr::new("--log-format"),
+        OsStr::new("json"),
+    ]);
+    let finding = String::from_utf8_lossy(&json.stderr)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|line| line["fields"]["finding"] == "ready_missing")
+        .unwrap_or_else(|| panic!("{}", text(&json)));
+    assert_eq!(finding["level"], "ERROR");
+    assert_eq!(finding["fields"]["recorded_objects"], 2);
+    assert_eq!(finding["fields"]["selected_objects"], 3);
+    assert_eq!(finding["fields"]["selected_bytes"], 3 * MIB as u64 + 3000);
+
+    server.faults.clear();
+    let repaired = verify(&server, &dest, true);
+    assert_eq!(code(&repaired), 0, "{}", text(&repaired));
+    assert!(ready(&dest).is_some());
+    assert_eq!(code(&verify(&server, &dest, false)), 0);
+    for args in [&["--dry-run"][..], &[]] {
+        let again = server.sync("incomplete/", &dest, args);
+        again.assert_code(0);
+        assert_eq!(
+            again.count("objects", "foreign"),
+            0,
+            "{args:?}: {}",
+            again.stderr()
+        );
+    }
+    server
+        .sync("incomplete/", &dest, &["--delete"])
+        .assert_code(0);
+    assert!(!dest.join("dir/.gone.bin.partial").exists());
+    assert_mirror(&dest, &expected);
+}
+
 #[test]
 fn warm_rerun_reads_nothing_and_refetches_what_was_removed() {
     let server = Server::local();

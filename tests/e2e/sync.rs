@@ -543,6 +543,14 @@ fn broken_listing_never_exits_zero() {
     run.assert_code(1);
     assert!(run.stderr().contains("listing failed"), "{}", run.stderr());
     assert_eq!(run.report()["result"], "failed");
+    // What it mirrored of the first page is no dataset, and its size is not known.
+    let verify = server.hydrator(&["verify".as_ref(), dest.as_os_str()]);
+    let said = String::from_utf8_lossy(&verify.stderr);
+    assert_eq!(verify.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("the last run did not finish listing, so the total is not known"),
+        "{said}"
+    );
 }
 
 fn check_writers_produce_identical_files(server: &Server, prefix: &str) {
