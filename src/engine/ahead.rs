@@ -25,6 +25,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use futures::executor::block_on;
 use tokio::sync::mpsc;
 
 use super::stats::Stats;
@@ -40,6 +41,10 @@ use crate::source::list::{Listing, ObjectEntry};
 const BATCH: usize = 1000;
 /// Objects queued between the spool and the run.
 const QUEUE: usize = 1024;
+/// Objects handed to the run's queue at once.
+const HANDOVER: usize = QUEUE / 4;
+/// How long the read-ahead waits for the rest of a page once its first object is in.
+const COALESCE: Duration = Duration::from_millis(2);
 const SPOOL: &str = "listing-ahead.spool";
 
 /// What the read-ahead needs besides the listing.
@@ -161,14 +166,19 @@ struct Writer {
 impl Writer {
     fn run(mut self, mut listing: Listing) {
         loop {
-            let Some(first) = listing.blocking_recv() else {
+            let mut items = Vec::with_capacity(BATCH);
+            if block_on(listing.recv_many(&mut items, BATCH)) == 0 {
                 return self.end(Ok(()));
-            };
-            let mut items = vec![first];
-            while items.len() < BATCH {
-                match listing.try_recv() {
-                    Ok(item) => items.push(item),
-                    Err(_) => break,
+            }
+            if items.len() < BATCH {
+                // A page arrives object by object: waiting a moment for the rest of it makes
+                // one wake-up, one spool write and one free-space check a page, not an object.
+                std::thread::sleep(COALESCE);
+                while items.len() < BATCH {
+                    match listing.try_recv() {
+                        Ok(item) => items.push(item),
+                        Err(_) => break,
+                    }
                 }
             }
             let mut batch = Vec::with_capacity(items.len());
@@ -364,19 +374,30 @@ impl Reader {
 
     /// Hands every committed record to the run; `false` once it stopped reading.
     fn hand_over(&mut self) -> bool {
+        let mut chunk = Vec::with_capacity(HANDOVER);
         loop {
-            let (entry, needed) = match decode(&mut self.spool) {
-                Ok(Some(record)) => record,
-                Ok(None) => return true,
-                Err(err) => {
-                    let broken = ListingError::Spool(err);
-                    let _ = self.tx.blocking_send(Err(broken.into()));
-                    return false;
+            while chunk.len() < HANDOVER {
+                match decode(&mut self.spool) {
+                    Ok(Some(record)) => chunk.push(record),
+                    Ok(None) => break,
+                    Err(err) => {
+                        let broken = ListingError::Spool(err);
+                        let _ = self.tx.blocking_send(Err(broken.into()));
+                        return false;
+                    }
                 }
-            };
-            self.shared.handed.fetch_add(needed, Relaxed);
-            if self.tx.blocking_send(Ok(entry)).is_err() {
+            }
+            if chunk.is_empty() {
+                return true;
+            }
+            // Room for the whole chunk at once: the run frees queue places one object at a
+            // time, and waking this thread for each would cost more than the object.
+            let Ok(places) = block_on(self.tx.reserve_many(chunk.len())) else {
                 return false;
+            };
+            for (place, (entry, needed)) in places.zip(chunk.drain(..)) {
+                self.shared.handed.fetch_add(needed, Relaxed);
+                place.send(Ok(entry));
             }
         }
     }

@@ -849,10 +849,14 @@ fn a_thousand_idle_and_half_sent_connections_are_closed_by_the_header_timeout() 
         .map(|i| {
             let mut stream = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
             if i % 2 == 0 {
-                // Half a request, without a token and never finished.
-                stream
-                    .write_all(b"GET /v1/datasets HTTP/1.1\r\nHost: x\r\n")
-                    .unwrap();
+                // Half a request, without a token and never finished. The daemon may have
+                // closed the connection already: one caller's connections beyond its cap are
+                // closed as they are accepted, and that is what the test wants of every one.
+                let sent = stream.write_all(b"GET /v1/datasets HTTP/1.1\r\nHost: x\r\n");
+                if let Err(err) = sent {
+                    use std::io::ErrorKind::{BrokenPipe, ConnectionReset};
+                    assert!(matches!(err.kind(), BrokenPipe | ConnectionReset), "{err}");
+                }
             }
             stream
         })
