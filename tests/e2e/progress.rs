@@ -39,7 +39,10 @@ fn progress_lines_carry_totals_a_percentage_and_an_eta_from_the_start() {
     assert_eq!(first["bytes_total"], 12 * MIB as u64, "{first}");
     assert_eq!(first["totals_final"], true, "{first}");
     // The bytes may all be in while their durable batch is still syncing: an ETA of 0.
-    assert!(first["bytes_done"].as_u64().unwrap() <= 12 * MIB as u64, "{first}");
+    assert!(
+        first["bytes_done"].as_u64().unwrap() <= 12 * MIB as u64,
+        "{first}"
+    );
     let eta = first["eta_seconds"].as_u64().expect("an ETA");
     assert!(eta <= 15, "{first}");
     assert!(first["bytes_per_second"].as_u64().unwrap() > 0, "{first}");
