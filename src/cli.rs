@@ -62,14 +62,19 @@ value_enum!(Format { Text => "text", Json => "json" });
 
 /// Parses `--direct-io`: auto, always or never; a yes/no answer (the flag's earlier form, as
 /// `HYDRATOR_DIRECT_IO=true`) means always or never.
-fn parse_direct_io(text: &str) -> Result<DirectIo, String> {
+fn parse_direct_io(text: &str) -> Result<DirectIo, BadDirectIo> {
     match text.trim().to_ascii_lowercase().as_str() {
         "auto" => Ok(DirectIo::Auto),
         "always" | "true" | "yes" | "on" | "1" => Ok(DirectIo::Always),
         "never" | "false" | "no" | "off" | "0" => Ok(DirectIo::Never),
-        other => Err(format!("{other:?}: expected auto, always or never")),
+        other => Err(BadDirectIo(other.to_string())),
     }
 }
+
+/// A `--direct-io` value that is none of the accepted words.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?}: expected auto, always or never")]
+pub struct BadDirectIo(String);
 value_enum!(IoBackendChoice { Auto => "auto", IoUring => "io-uring", Pwrite => "pwrite" });
 value_enum!(ProgressMode { Auto => "auto", Bar => "bar", Log => "log", None => "none" });
 

@@ -1123,20 +1123,15 @@ impl Tally<'_> {
                 }
                 self.done(record)
             }
-            Ok((key, Err(err))) if err.disk_full() => {
-                if let Some(schedule) = self.schedule {
-                    schedule.finished(&key, Err(err.to_string()));
-                }
-                match self.full_disk {
-                    None => self.full_disk = Some((key, err)),
-                    Some(_) => tracing::debug!(key = %key, "{err}"),
-                }
-            }
             Ok((key, Err(err))) => {
                 if let Some(schedule) = self.schedule {
-                    schedule.finished(&key, Err(err.to_string()));
+                    schedule.finished(&key, Err(&err));
                 }
-                self.failed(key, err)
+                match (err.disk_full(), &self.full_disk) {
+                    (true, None) => self.full_disk = Some((key, err)),
+                    (true, Some(_)) => tracing::debug!(key = %key, "{err}"),
+                    (false, _) => self.failed(key, err),
+                }
             }
             Err(err) if err.is_cancelled() => {}
             Err(err) => self.failed("(unknown)".into(), ObjectError::Task(err)),

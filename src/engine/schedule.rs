@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use tokio::sync::{oneshot, Notify};
 
+use crate::error::ObjectError;
 use crate::manifest::ObjectState;
 use crate::plan::keys::RelPath;
 use crate::source::list::ObjectEntry;
@@ -162,12 +163,12 @@ impl Schedule {
     }
 
     /// The engine finished `key`: local (written, durable, verified), or failed with `reason`.
-    pub(crate) fn finished(&self, key: &str, outcome: Result<(), String>) {
+    pub(crate) fn finished(&self, key: &str, outcome: Result<(), &ObjectError>) {
         let Some(&at) = self.positions.get(key) else {
             return;
         };
         let mut inner = self.lock();
-        let outcome = outcome.map_err(Unavailable::from);
+        let outcome = outcome.map_err(|err| Unavailable::from(err.to_string()));
         inner.states[at] = match &outcome {
             Ok(()) => State::Local,
             Err(reason) => State::Failed(reason.clone()),
@@ -330,9 +331,9 @@ mod tests {
         schedule.finished("k007", Ok(()));
         assert!(told.await.unwrap().is_ok());
         assert!(matches!(schedule.want("k007"), Wanted::Now(Ok(()))));
-        schedule.finished("k000", Err("access denied".into()));
+        schedule.finished("k000", Err(&ObjectError::Refused("access denied".into())));
         match schedule.want("k000") {
-            Wanted::Now(Err(reason)) => assert_eq!(&*reason, "access denied"),
+            Wanted::Now(Err(reason)) => assert_eq!(&*reason, "refused: access denied"),
             _ => panic!("a failed object fails at once"),
         }
     }

@@ -28,14 +28,14 @@ impl S3Url {
     }
 
     /// `BUCKET/PREFIX/`, what follows `s3://` or an alias.
-    fn from_bucket_and_prefix(rest: &str) -> Result<Self, String> {
+    fn from_bucket_and_prefix(rest: &str) -> Result<Self, BucketAndPrefixError> {
         let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
         if bucket.is_empty() {
-            return Err("the bucket name is missing".into());
+            return Err(BucketAndPrefixError::NoBucket);
         }
-        validate_bucket_name(bucket).map_err(|why| why.to_string())?;
+        validate_bucket_name(bucket)?;
         if prefix.contains('\0') {
-            return Err("the prefix contains a NUL byte".into());
+            return Err(BucketAndPrefixError::NulInPrefix);
         }
         let mut prefix = prefix.to_string();
         if !prefix.is_empty() && !prefix.ends_with('/') {
@@ -86,7 +86,7 @@ impl CliSource {
                     "{name:?} is no mc alias (MC_HOST_{name} is not set and {file} defines no alias {name:?}): {SOURCE_FORMS}"
                 ))
             })?;
-        let url = S3Url::from_bucket_and_prefix(rest).map_err(|why| bad(&why))?;
+        let url = S3Url::from_bucket_and_prefix(rest).map_err(|why| bad(&why.to_string()))?;
         Ok(Self {
             url,
             alias: Some(alias),
@@ -98,6 +98,17 @@ impl std::fmt::Display for S3Url {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "s3://{}/{}", self.bucket, self.prefix)
     }
+}
+
+/// Why `BUCKET/PREFIX/` cannot name a source.
+#[derive(Debug, thiserror::Error)]
+enum BucketAndPrefixError {
+    #[error("the bucket name is missing")]
+    NoBucket,
+    #[error(transparent)]
+    Bucket(#[from] BucketNameError),
+    #[error("the prefix contains a NUL byte")]
+    NulInPrefix,
 }
 
 /// Why a bucket name breaks S3's naming rules.
