@@ -228,7 +228,6 @@ impl Writer {
             }
         };
         let needed = still_needed(entry, known);
-        Stats::add(&stats.ahead_needed_bytes, needed);
         self.needed += needed;
         needed
     }

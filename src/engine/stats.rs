@@ -10,12 +10,11 @@ pub(crate) struct Stats {
     pub objects_listed: AtomicU64,
     pub bytes_listed: AtomicU64,
     /// The listing's read-ahead (which runs ahead of the downloads, spooled to disk): objects
-    /// and bytes it has seen that the filters select, and, of those bytes, what DEST does not
-    /// hold yet. Final once `ahead_done` is set, which can be long before `listing_done`.
+    /// and bytes it has seen that the filters select. Final once `ahead_done` is set, which
+    /// can be long before `listing_done`.
     pub ahead_done: AtomicBool,
     pub ahead_objects: AtomicU64,
     pub ahead_bytes: AtomicU64,
-    pub ahead_needed_bytes: AtomicU64,
     pub objects_downloaded: AtomicU64,
     pub objects_skipped: AtomicU64,
     pub objects_failed: AtomicU64,
