@@ -222,6 +222,14 @@ pub struct CsiArgs {
         default_value = "/var/lib/kubelet/pods"
     )]
     pub pods_dir: PathBuf,
+    /// The kubelet's plugin registry (its /var/lib/kubelet/plugins_registry, mounted): the
+    /// plugin registers itself there with the kubelet, no registrar sidecar needed.
+    #[arg(long, env = "HYDRATOR_CSI_REGISTRATION_DIR", hide_env_values = true)]
+    pub registration_dir: Option<PathBuf>,
+    /// The plugin's socket as the kubelet (the host) sees it, told to the kubelet at
+    /// registration [default: /var/lib/kubelet/plugins/DRIVER_NAME/csi.sock].
+    #[arg(long, env = "HYDRATOR_CSI_KUBELET_ENDPOINT", hide_env_values = true)]
+    pub kubelet_endpoint: Option<PathBuf>,
     #[command(flatten)]
     pub connection: DaemonConnection,
 }

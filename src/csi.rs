@@ -8,16 +8,24 @@
 //! DaemonSet) and talks to it over its socket like any client; the trainer sees only its
 //! dataset's directory, needs no token and runs unprivileged.
 //!
-//! The protocol is compiled from `csi.proto` (spec v1.12.0) by `src/build.rs`.
+//! The protocol is compiled from `csi.proto` (spec v1.12.0) by `src/build.rs`, and so is the
+//! kubelet's plugin registration (`registration.proto`), which the plugin serves itself
+//! ([`registration`]).
 
 /// The CSI protocol's messages and services (generated).
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
 pub mod proto {
     tonic::include_proto!("csi.v1");
+
+    /// The kubelet's plugin registration protocol (generated).
+    pub mod registration {
+        tonic::include_proto!("pluginregistration");
+    }
 }
 
 mod lazy;
 mod plugin;
+mod registration;
 mod service;
 mod target;
 mod volumes;
@@ -35,6 +43,8 @@ use crate::error::{Exit, SyncError, UsageError};
 use plugin::Plugin;
 use proto::identity_server::IdentityServer;
 use proto::node_server::NodeServer;
+use proto::registration::registration_server::RegistrationServer;
+use registration::RegistrationService;
 use service::IdentityService;
 
 /// The longest a call waits for an absent daemon (`--daemon-wait` is cut to it).
@@ -64,6 +74,11 @@ pub(crate) async fn run(args: CsiArgs) -> Result<Exit, SyncError> {
         plugin: plugin.clone(),
     };
     let listener = bind(&socket)?;
+    let registration = args
+        .registration_dir
+        .as_deref()
+        .map(|registry| serve_registration(registry, &args.driver_name, &args.kubelet_endpoint))
+        .transpose()?;
     tracing::info!(
         "CSI driver {} on node {} listening on unix:{}",
         args.driver_name,
@@ -90,10 +105,51 @@ pub(crate) async fn run(args: CsiArgs) -> Result<Exit, SyncError> {
         .await;
     reconciler.abort();
     settler.abort();
+    if let Some((task, registration_socket)) = registration {
+        task.abort();
+        // Gone with the plugin: the kubelet deregisters the driver.
+        let _ = std::fs::remove_file(registration_socket);
+    }
     let _ = std::fs::remove_file(&socket);
     served.map_err(|e| UsageError::new(format!("serving CSI on {}: {e}", socket.display())))?;
     tracing::info!("stopped; published volumes stay mounted");
     Ok(Exit::Success)
+}
+
+/// Serves the kubelet's plugin registration on `DRIVER-reg.sock` in `registry` until the
+/// plugin stops; returns the task and the socket to remove then.
+fn serve_registration(
+    registry: &Path,
+    driver_name: &str,
+    kubelet_endpoint: &Option<PathBuf>,
+) -> Result<(tokio::task::JoinHandle<()>, PathBuf), UsageError> {
+    let socket = registration::socket_in(registry, driver_name);
+    let kubelet_endpoint = kubelet_endpoint.clone().unwrap_or_else(|| {
+        Path::new("/var/lib/kubelet/plugins")
+            .join(driver_name)
+            .join("csi.sock")
+    });
+    let service = RegistrationService {
+        driver_name: driver_name.to_owned(),
+        kubelet_endpoint,
+    };
+    let listener = bind(&socket)?;
+    tracing::info!(
+        "registration for the kubelet on unix:{}, naming {}",
+        socket.display(),
+        service.kubelet_endpoint.display()
+    );
+    let shown = socket.clone();
+    let task = tokio::spawn(async move {
+        let served = tonic::transport::Server::builder()
+            .add_service(RegistrationServer::new(service))
+            .serve_with_incoming(UnixListenerStream::new(listener))
+            .await;
+        if let Err(err) = served {
+            tracing::error!("serving registration on {}: {err}", shown.display());
+        }
+    });
+    Ok((task, socket))
 }
 
 /// `unix:///csi/csi.sock` (as the kubelet's registrar writes it) or a plain absolute path.

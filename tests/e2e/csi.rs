@@ -199,6 +199,48 @@ fn a_mounted_snapshot_is_never_evicted_and_unpublish_makes_it_evictable() {
     );
 }
 
+/// The plugin registers itself the way the kubelet's plugin watcher expects of a CSI driver:
+/// a socket in the registry directory answering GetInfo with the driver's name, the CSI socket
+/// as the host sees it and a CSI version; a restart binds it again; a stop removes it, which
+/// is how the kubelet learns the driver is gone.
+#[test]
+fn the_plugin_registers_with_the_kubelet_and_takes_its_registration_away_when_it_stops() {
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(
+        dir.path(),
+        &server.target,
+        &csi_catalog(dir.path(), &server, "1GiB", &["r"]),
+    );
+    let mut csi = Csi::start(dir.path(), &daemon);
+    let info = csi.registration_info();
+    assert_eq!(info.r#type, "CSIPlugin");
+    assert_eq!(info.name, crate::support::csi::DRIVER);
+    assert_eq!(info.name, csi.plugin_info().name, "one name for both");
+    assert_eq!(
+        info.endpoint,
+        format!("/var/lib/kubelet/plugins/{}/csi.sock", info.name)
+    );
+    assert_eq!(info.supported_versions, ["1.0.0"]);
+    csi.notify_registration(true, "");
+    csi.notify_registration(false, "driver name taken");
+    assert!(
+        csi.log()
+            .contains("the kubelet refused CSI driver cache.hydrator.dev: driver name taken"),
+        "{}",
+        csi.log()
+    );
+
+    // A killed plugin leaves its socket; the restarted one binds it again.
+    csi.restart();
+    assert_eq!(csi.registration_info().name, info.name);
+    csi.terminate();
+    assert!(
+        !csi.registration_socket().exists(),
+        "a stopped plugin takes its registration away"
+    );
+}
+
 #[test]
 fn a_restarted_plugin_keeps_serving_and_unmounts_what_it_published_before() {
     let server = Server::local();

@@ -9,12 +9,17 @@ use std::time::{Duration, Instant};
 
 use hydrator::csi::proto::identity_client::IdentityClient;
 use hydrator::csi::proto::node_client::NodeClient;
+use hydrator::csi::proto::registration::registration_client::RegistrationClient;
+use hydrator::csi::proto::registration::{InfoRequest, PluginInfo, RegistrationStatus};
 use hydrator::csi::proto::volume_capability::{AccessType, MountVolume};
 use hydrator::csi::proto::*;
 use hyper_util::rt::TokioIo;
 use tonic::transport::Channel;
 
 use super::daemon::Daemon;
+
+/// The driver name the plugin runs under by default.
+pub const DRIVER: &str = "cache.hydrator.dev";
 
 /// How long the kubelet waits for the answer to a CSI call before it gives up on it.
 pub const CALL_BUDGET: Duration = Duration::from_secs(120);
@@ -131,7 +136,42 @@ impl Csi {
     }
 
     fn channel(&self) -> Result<Channel, tonic::Status> {
-        let socket = self.socket.clone();
+        self.channel_to(self.socket.clone())
+    }
+
+    /// The socket the kubelet's plugin watcher finds in its registry directory.
+    pub fn registration_socket(&self) -> PathBuf {
+        self.dir.join("registry").join(format!("{DRIVER}-reg.sock"))
+    }
+
+    /// What the kubelet's plugin watcher asks first: the driver's name and CSI endpoint.
+    pub fn registration_info(&self) -> PluginInfo {
+        let channel = self.channel_to(self.registration_socket()).unwrap();
+        let mut client = RegistrationClient::new(channel);
+        self.call(client.get_info(InfoRequest {})).unwrap()
+    }
+
+    /// What the kubelet's plugin watcher tells the plugin once it has validated it.
+    pub fn notify_registration(&self, registered: bool, error: &str) {
+        let channel = self.channel_to(self.registration_socket()).unwrap();
+        let mut client = RegistrationClient::new(channel);
+        let status = RegistrationStatus {
+            plugin_registered: registered,
+            error: error.into(),
+        };
+        self.call(client.notify_registration_status(status))
+            .unwrap();
+    }
+
+    /// Stops the plugin as the kubelet's container runtime does: SIGTERM, then waits.
+    pub fn terminate(&self) {
+        let mut child = self.child();
+        // SAFETY: signals the plugin's own process, which this handle has not reaped yet.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        let _ = child.wait();
+    }
+
+    fn channel_to(&self, socket: PathBuf) -> Result<Channel, tonic::Status> {
         self.runtime.block_on(async move {
             tonic::transport::Endpoint::from_static("http://plugin")
                 .connect_with_connector(tower::service_fn(move |_| {
@@ -318,6 +358,8 @@ fn spawn(dir: &Path, socket: &Path, daemon_socket: &Path) -> Child {
         .arg(dir.join("csi-state"))
         .arg("--pods-dir")
         .arg(dir.join("pods"))
+        .arg("--registration-dir")
+        .arg(dir.join("registry"))
         .arg("--daemon")
         .arg(format!("unix://{}", daemon_socket.display()))
         .stdout(Stdio::null())
