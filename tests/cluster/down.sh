@@ -13,7 +13,8 @@ tac "$STATE/pids" | while read -r name pid; do
 done
 # The shims outlive containerd; their containers with them.
 pkill -9 -f containerd-shim-runc-v2 2>/dev/null
-grep -o ' /var/lib/kubelet/[^ ]*' /proc/mounts | sort -r | while read -r mount; do
+# The kubelet bind-mounts its own directory onto itself (shared, for mount propagation).
+grep -o ' /var/lib/kubelet[^ ]*' /proc/mounts | sort -r | while read -r mount; do
     umount -l "$mount" 2>/dev/null
 done
 grep -o ' /run/containerd/[^ ]*' /proc/mounts | sort -r | while read -r mount; do
