@@ -23,6 +23,7 @@ pub mod proto {
     }
 }
 
+mod authority;
 mod lazy;
 mod plugin;
 mod registration;
@@ -139,14 +140,37 @@ fn serve_registration(
         socket.display(),
         service.kubelet_endpoint.display()
     );
-    let shown = socket.clone();
+    // Every connection through the relay that makes the kubelet's requests acceptable to
+    // tonic (see `authority`).
+    let (connections, relayed) = tokio::sync::mpsc::channel(16);
     let task = tokio::spawn(async move {
-        let served = tonic::transport::Server::builder()
+        let accepting = async move {
+            while let Ok((kubelet, _)) = listener.accept().await {
+                let (ours, theirs) = tokio::io::duplex(64 * 1024);
+                tokio::spawn(async move {
+                    if let Err(err) = authority::relay(kubelet, ours).await {
+                        tracing::warn!("a registration connection ended: {err}");
+                    }
+                });
+                if connections
+                    .send(Ok::<_, std::io::Error>(authority::Relayed(theirs)))
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        };
+        let serving = tonic::transport::Server::builder()
             .add_service(RegistrationServer::new(service))
-            .serve_with_incoming(UnixListenerStream::new(listener))
-            .await;
-        if let Err(err) = served {
-            tracing::error!("serving registration on {}: {err}", shown.display());
+            .serve_with_incoming(tokio_stream::wrappers::ReceiverStream::new(relayed));
+        tokio::select! {
+            _ = accepting => {}
+            served = serving => {
+                if let Err(err) = served {
+                    tracing::error!("serving registration: {err}");
+                }
+            }
         }
     });
     Ok((task, socket))

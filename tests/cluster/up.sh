@@ -143,8 +143,11 @@ featureGates:
   CSIVolumeHealth: true
 # Volume stats (and so volume health events) every 10 s instead of every minute.
 volumeStatsAggPeriod: 10s
-# A test machine with little disk to spare must not evict the tests' pods.
+# A test machine with little disk to spare must not evict the tests' pods nor remove the
+# imported images (nothing can be pulled back).
 evictionHard: {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
 serializeImagePulls: false
 YAML
 launch kubelet "$BIN/kubelet" --config "$STATE/kubelet.yaml" --kubeconfig "$STATE/kubelet.kubeconfig" \
