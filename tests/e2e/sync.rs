@@ -307,7 +307,7 @@ fn check_usage_errors(server: &Server) {
     );
 }
 
-on_both_servers!(wrong_credentials_and_missing_bucket, check_usage_errors);
+on_both_servers_and_minio!(wrong_credentials_and_missing_bucket, check_usage_errors);
 
 #[test]
 fn malformed_input_is_a_usage_error() {
