@@ -22,6 +22,7 @@ use std::time::Duration;
 use aws_sdk_s3::types::{ChecksumAlgorithm, ChecksumMode, ChecksumType};
 use md5::{Digest, Md5};
 
+use crate::support::mount::{cache_on_top, Mounted};
 use crate::support::tamper::{Action, Rule, Tamper};
 use crate::support::{
     assert_mirror, content, files, has_ready, hydrator_command, hydrator_sync, many_key,
@@ -308,11 +309,11 @@ fn a_sync_killed_mid_object_resumes_from_its_durable_parts() {
     assert_eq!(verify.status.code(), Some(0), "{verify:?}");
 }
 
-/// 1,001 objects, one of them with four versions at the end of the first page, between keys
-/// outside the prefix: MinIO answers a version listing's `key-marker` outside the prefix
+/// 1,001 objects, one of them with four versions and one deleted (a delete marker) at the end of
+/// the first page, between keys outside the prefix: MinIO answers a version listing's `key-marker` outside the prefix
 /// `NotImplemented`, and hydrator's listing (continuation tokens) and version listing (the
 /// server's key and version markers) page through all of it, so sync and snapshot see every
-/// object at its latest version.
+/// object at its latest version, and not the deleted one.
 #[test]
 fn listings_past_one_page_never_ask_for_a_marker_outside_the_prefix() {
     let Some(server) = Server::minio() else {
@@ -335,6 +336,12 @@ fn listings_past_one_page_never_ask_for_a_marker_outside_the_prefix() {
         server.seed(prefix, &latest);
         expected.extend(latest);
     }
+    // Deleted: its latest version is a delete marker, beside the versions above.
+    let deleted = many_key("", 997);
+    let delete = server.client.delete_object().bucket(&server.target.bucket);
+    let delete = delete.key(format!("{prefix}{deleted}")).send();
+    server.runtime.block_on(delete).unwrap();
+    expected.remove(&deleted);
     // A `start-after` outside the prefix gets an empty page; a version listing's `key-marker`
     // outside it, `NotImplemented`.
     let list = server
@@ -361,7 +368,7 @@ fn listings_past_one_page_never_ask_for_a_marker_outside_the_prefix() {
 
     let snapshot = server.snapshot(prefix, &dir.path().join("paged.lock"));
     let entries = snapshot["entries"].as_array().unwrap();
-    assert_eq!(entries.len(), count, "one entry per object");
+    assert_eq!(entries.len(), count - 1, "one entry per object not deleted");
     assert!(entries.iter().all(|e| e["version_id"].is_string()));
     let latest = head(&server, &format!("{prefix}{versioned}"));
     let latest = latest.version_id().unwrap();
@@ -370,4 +377,40 @@ fn listings_past_one_page_never_ask_for_a_marker_outside_the_prefix() {
         .find(|e| e["key"] == format!("{prefix}{versioned}"))
         .unwrap();
     assert_eq!(pinned["version_id"], latest);
+}
+
+/// The lazy view (`hydrator mount`, what a CSI lazy volume serves) of a MinIO prefix: names and
+/// sizes at once, every byte as MinIO holds it, from multipart and single-PUT objects alike,
+/// then READY and the hydrated cache bound over the view.
+#[test]
+fn a_lazy_view_reads_every_byte_as_minio_holds_it() {
+    let Some(server) = Server::minio() else {
+        return;
+    };
+    let mut dataset = files(&[
+        ("top.txt", content(410, 5)),
+        ("d/a.bin", content(411, 3 * MIB + 1)),
+        ("empty", Vec::new()),
+    ]);
+    server.seed("lazy/", &dataset);
+    dataset.insert("d/multi.bin".into(), content(412, 11 * MIB + 3));
+    server.seed_multipart("lazy/d/multi.bin", &dataset["d/multi.bin"], 5 * MIB);
+    let mut mount = Mounted::start(&server, "lazy/", &[]);
+    for (path, data) in &dataset {
+        let meta = std::fs::metadata(mount.path(path)).unwrap();
+        assert_eq!(meta.len(), data.len() as u64, "{path}");
+    }
+    for (path, data) in &dataset {
+        assert!(std::fs::read(mount.path(path)).unwrap() == *data, "{path}");
+    }
+    wait_until("READY in the cache", Duration::from_secs(60), || {
+        has_ready(&mount.cache)
+    });
+    wait_until("the cache over the view", Duration::from_secs(10), || {
+        cache_on_top(&mount.mountpoint)
+    });
+    for (path, data) in &dataset {
+        assert!(std::fs::read(mount.path(path)).unwrap() == *data, "{path}");
+    }
+    assert_eq!(mount.stop("TERM"), Some(0), "{}", mount.log());
 }
