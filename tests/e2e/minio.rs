@@ -16,6 +16,7 @@
 //! way; MinIO itself answers every request.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -25,14 +26,24 @@ use md5::{Digest, Md5};
 use crate::support::mount::{cache_on_top, Mounted};
 use crate::support::tamper::{Action, Rule, Tamper};
 use crate::support::{
-    assert_mirror, content, files, has_ready, hydrator_command, hydrator_sync, many_key,
-    records_durable_parts, temp_dest, wait_until, Run, Server, MIB,
+    assert_mirror, content, files, has_ready, hydrator_command, hydrator_sync,
+    kill_once_parts_are_durable, many_key, temp_dest, wait_until, Run, S3Target, Server, MIB,
 };
 
 /// `hydrator sync s3://BUCKET/PREFIX DEST ARGS...` through `tamper`.
-fn sync_through(tamper: &Tamper, prefix: &str, dest: &std::path::Path, args: &[&str]) -> Run {
+fn sync_through(tamper: &Tamper, prefix: &str, dest: &Path, args: &[&str]) -> Run {
     let url = format!("s3://{}/{prefix}", tamper.target.bucket);
     hydrator_sync(&tamper.target, &url, dest, args)
+}
+
+/// `hydrator sync --snapshot LOCK DEST ARGS...` against `target`, which must succeed.
+fn sync_snapshot(target: &S3Target, lock: &Path, dest: &Path, args: &[&str]) {
+    let mut command = hydrator_command(target);
+    command.arg("sync").arg("--snapshot").arg(lock).arg(dest);
+    command.args(["--endpoint-url", &target.endpoint, "--progress", "none"]);
+    let output = command.args(args).output().unwrap();
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{said}");
 }
 
 fn lower_hex(bytes: &[u8]) -> String {
@@ -217,6 +228,18 @@ fn a_single_put_etag_is_an_md5_and_a_multipart_etag_only_a_version_token() {
     assert_mirror(&dest, &expected);
     let report = run.report();
     assert!(report["object_restarts"].as_u64().unwrap() >= 1, "{report}");
+
+    // Each object in one GET: a plain one (the lean path) and one pinned to its version (the
+    // SDK's), both checking what checksum the answer carries.
+    let whole = ["--part-size", "16MiB"];
+    let (_tmp, dest) = temp_dest();
+    server.sync("md5/", &dest, &whole).assert_code(0);
+    assert_mirror(&dest, &expected);
+    let (dir, dest) = temp_dest();
+    let lock = dir.path().join("md5.lock");
+    server.snapshot("md5/", &lock);
+    sync_snapshot(&server.target, &lock, &dest, &whole);
+    assert_mirror(&dest, &expected);
 }
 
 /// An object overwritten (with as many bytes) between the ranged GETs of one run: MinIO answers
@@ -245,22 +268,7 @@ fn an_object_replaced_mid_run_lands_whole_as_one_version() {
 
     tamper.add(Rule::get("swap/model.bin", Action::Replace(content(322, 10))).skip(2));
     let pinned = dir.path().join("pinned");
-    let mut command = hydrator_command(&tamper.target);
-    command
-        .arg("sync")
-        .arg("--snapshot")
-        .arg(&lock)
-        .arg(&pinned)
-        .args([
-            "--endpoint-url",
-            &tamper.target.endpoint,
-            "--progress",
-            "none",
-        ])
-        .args(args);
-    let output = command.output().unwrap();
-    let said = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(0), "{said}");
+    sync_snapshot(&tamper.target, &lock, &pinned, &args);
     assert_eq!(tamper.applied(), 2, "the object was replaced again");
     assert_mirror(&pinned, &files(&[("model.bin", old)]));
 }
@@ -295,12 +303,7 @@ fn a_sync_killed_mid_object_resumes_from_its_durable_parts() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let journal = dest.join(".hydrator/manifest.journal");
-    wait_until("durable parts recorded", Duration::from_secs(30), || {
-        records_durable_parts(&journal)
-    });
-    child.kill().unwrap();
-    child.wait().unwrap();
+    kill_once_parts_are_durable(&mut child, &dest);
     assert!(!has_ready(&dest), "killed before the end");
 
     let rerun = server.sync("resume/", &dest, &[]);

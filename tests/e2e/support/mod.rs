@@ -695,6 +695,18 @@ pub fn records_durable_parts(journal: &Path) -> bool {
     std::fs::read(journal).is_ok_and(|bytes| bytes.windows(needle.len()).any(|w| w == needle))
 }
 
+/// Kills `child`, a sync into `dest`, with SIGKILL once its journal records durable parts.
+pub fn kill_once_parts_are_durable(child: &mut std::process::Child, dest: &Path) {
+    let journal = dest.join(".hydrator/manifest.journal");
+    wait_until(
+        "durable parts recorded",
+        std::time::Duration::from_secs(30),
+        || records_durable_parts(&journal),
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
 /// The mount lines of `path` in this mount namespace, bottom to top.
 fn mount_lines(path: &Path) -> Vec<String> {
     let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
