@@ -417,3 +417,48 @@ fn a_lazy_view_reads_every_byte_as_minio_holds_it() {
     }
     assert_eq!(mount.stop("TERM"), Some(0), "{}", mount.log());
 }
+
+/// An init container that ran `mc alias set` and `mc mirror` runs `hydrator sync
+/// ALIAS/BUCKET/PREFIX/` with the keys mc keeps, no AWS variable set: in the config file the real
+/// mc wrote, and in `MC_HOST_<ALIAS>`.
+#[test]
+fn the_alias_mc_itself_sets_reaches_minio() {
+    let (Some(server), Some(mc)) = (Server::minio(), crate::support::minio::mc()) else {
+        return;
+    };
+    let expected = files(&[
+        ("a.bin", content(420, 2 * MIB + 1)),
+        ("b/c.txt", content(421, 10)),
+    ]);
+    server.seed("mc-alias/", &expected);
+    let target = &server.target;
+    let config = tempfile::tempdir().unwrap();
+    let set = std::process::Command::new(mc)
+        .env("MC_CONFIG_DIR", config.path())
+        .args(["alias", "set", "depot", &target.endpoint])
+        .args([&target.access_key, &target.secret_key])
+        .output()
+        .unwrap();
+    assert!(set.status.success(), "{set:?}");
+    let host = target.endpoint.trim_start_matches("http://");
+    let keys = format!("{}:{}", target.access_key, target.secret_key);
+    let source = format!("depot/{}/mc-alias/", target.bucket);
+    for (name, value) in [
+        ("MC_CONFIG_DIR", config.path().display().to_string()),
+        ("MC_HOST_depot", format!("http://{keys}@{host}")),
+    ] {
+        let (_tmp, dest) = temp_dest();
+        let output = hydrator_command(target)
+            .env_remove("AWS_ACCESS_KEY_ID")
+            .env_remove("AWS_SECRET_ACCESS_KEY")
+            .env(name, value)
+            .args(["sync", &source])
+            .arg(&dest)
+            .args(["--progress", "none"])
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "{name}: {said}");
+        assert_mirror(&dest, &expected);
+    }
+}

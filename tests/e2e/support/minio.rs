@@ -13,6 +13,7 @@ use super::keeper::{
 };
 
 const BIN_ENV: &str = "HYDRATOR_MINIO_BIN";
+const MC_BIN_ENV: &str = "HYDRATOR_MC_BIN";
 const REQUIRE_ENV: &str = "HYDRATOR_REQUIRE_MINIO";
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// Ports are picked free and released just before MinIO binds them: another process may take
@@ -62,6 +63,22 @@ fn find_binary() -> Option<PathBuf> {
     let home = std::env::var_os("HOME").map(PathBuf::from)?;
     let bin = home.join(".cache/hydrator-tests/minio/bin/minio");
     bin.is_file().then_some(bin)
+}
+
+/// mc, MinIO's client: `HYDRATOR_MC_BIN`, else where `tests/install-minio.sh` puts it beside
+/// minio. `None` where it is not there and MinIO is not required; a panic where it is.
+pub fn mc() -> Option<PathBuf> {
+    let bin = match std::env::var_os(MC_BIN_ENV) {
+        Some(bin) => PathBuf::from(bin),
+        None => std::env::var_os("HOME")
+            .map(PathBuf::from)?
+            .join(".cache/hydrator-tests/minio/bin/mc"),
+    };
+    if bin.is_file() {
+        return Some(bin);
+    }
+    let hint = format!("no mc binary found (set {MC_BIN_ENV}, or run tests/install-minio.sh)");
+    missing(REQUIRE_ENV, "mc", &hint).unwrap_or_else(|message| panic!("{message}"))
 }
 
 fn launch(bin: &Path) -> Result<Minio, Failure> {
