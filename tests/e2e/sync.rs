@@ -453,6 +453,16 @@ fn internal_errors_are_retried() {
     ]);
 }
 
+/// MinIO throttles with 429 `TooManyRequests` (where AWS says 503 `SlowDown`): a listing page
+/// and the GETs it answers so are asked again, after a back-off.
+#[test]
+fn too_many_requests_as_minio_answers_them_are_retried() {
+    survives(vec![
+        Rule::get("big.bin", Fault::Status(429, "TooManyRequests")).times(8),
+        Rule::listing(Fault::Status(429, "TooManyRequests")).times(2),
+    ]);
+}
+
 #[test]
 fn dropped_connections_are_retried() {
     survives(vec![Rule::get("", Fault::DropConnection).times(10)]);
