@@ -462,3 +462,25 @@ fn the_alias_mc_itself_sets_reaches_minio() {
         assert_mirror(&dest, &expected);
     }
 }
+
+/// A busy MinIO (here `MINIO_API_REQUESTS_MAX=2`; by default MinIO sizes it from its memory)
+/// answers every request beyond it at once with 429 `TooManyRequests`: 1,100 objects at
+/// `--concurrency 64` (the listing's second page asked for while the GETs fill the server)
+/// complete all the same, the throttling answers counted.
+#[test]
+fn a_minio_past_its_requests_max_is_ridden_out() {
+    let Some((server, _minio)) = Server::minio_own(&[("MINIO_API_REQUESTS_MAX", "2")]) else {
+        return;
+    };
+    // One PUT at a time: the seeding stays within the server's two.
+    let expected: BTreeMap<String, Vec<u8>> = (0..1100)
+        .map(|i| (many_key("", i), content(i as u64, 10)))
+        .collect();
+    server.seed("busy/", &expected);
+    let (_tmp, dest) = temp_dest();
+    let run = server.sync("busy/", &dest, &["--concurrency", "64"]);
+    run.assert_code(0);
+    assert_mirror(&dest, &expected);
+    let bound = &run.report()["bound"];
+    assert!(bound["throttled_answers"].as_u64().unwrap() > 0, "{bound}");
+}

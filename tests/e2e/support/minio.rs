@@ -46,7 +46,7 @@ fn init() -> Result<Option<Minio>, String> {
         let hint = format!("no minio binary found (set {BIN_ENV}, or run tests/install-minio.sh)");
         return missing(REQUIRE_ENV, "MinIO", &hint);
     };
-    let minio = with_attempts(ATTEMPTS, || launch(&bin))?;
+    let minio = with_attempts(ATTEMPTS, || launch(&bin, &[]))?;
     // SAFETY: registers a plain `extern "C" fn` that does not unwind.
     if unsafe { libc::atexit(stop_at_exit) } != 0 {
         minio.stop();
@@ -65,6 +65,36 @@ fn find_binary() -> Option<PathBuf> {
     bin.is_file().then_some(bin)
 }
 
+/// A MinIO of one test's own, its settings `env` added (`MINIO_API_REQUESTS_MAX=2`, say);
+/// stopped when dropped. `None` where MinIO is not installed and not required.
+pub fn own(env: &[(&str, &str)]) -> Option<Own> {
+    let Some(bin) = find_binary() else {
+        let hint = format!("no minio binary found (set {BIN_ENV}, or run tests/install-minio.sh)");
+        return missing(REQUIRE_ENV, "MinIO", &hint).unwrap_or_else(|message| panic!("{message}"));
+    };
+    match with_attempts(ATTEMPTS, || launch(&bin, env)) {
+        Ok(minio) => Some(Own(minio)),
+        Err(message) => panic!("{message}"),
+    }
+}
+
+/// See [`own`].
+pub struct Own(Minio);
+
+impl std::ops::Deref for Own {
+    type Target = Minio;
+
+    fn deref(&self) -> &Minio {
+        &self.0
+    }
+}
+
+impl Drop for Own {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
+}
+
 /// mc, MinIO's client: `HYDRATOR_MC_BIN`, else where `tests/install-minio.sh` puts it beside
 /// minio. `None` where it is not there and MinIO is not required; a panic where it is.
 pub fn mc() -> Option<PathBuf> {
@@ -81,7 +111,7 @@ pub fn mc() -> Option<PathBuf> {
     missing(REQUIRE_ENV, "mc", &hint).unwrap_or_else(|message| panic!("{message}"))
 }
 
-fn launch(bin: &Path) -> Result<Minio, Failure> {
+fn launch(bin: &Path, env: &[(&str, &str)]) -> Result<Minio, Failure> {
     let dir = tempfile::Builder::new()
         .prefix("hydrator-minio-")
         .tempdir()
@@ -110,6 +140,7 @@ fn launch(bin: &Path) -> Result<Minio, Failure> {
         .env("MINIO_ROOT_PASSWORD", &secret_key)
         .env("MINIO_BROWSER", "off")
         .env("MINIO_UPDATE", "off")
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(log_copy)
         .stderr(log);

@@ -198,33 +198,36 @@ impl Server {
     /// The shared MinIO of this test process, with a bucket that keeps versions, or `None`
     /// where MinIO is not installed and not required.
     pub fn minio() -> Option<Self> {
-        Some(Self::shared_bucket(
-            Self::minio_target(VERSIONED_BUCKET)?,
-            true,
-        ))
+        let target = Self::minio_target(minio::shared()?, VERSIONED_BUCKET);
+        Some(Self::shared_bucket(target, true))
     }
 
     /// The same MinIO with a bucket that keeps no versions.
     pub fn minio_plain() -> Option<Self> {
-        Some(Self::shared_bucket(
-            Self::minio_target(PLAIN_BUCKET)?,
-            false,
-        ))
+        let target = Self::minio_target(minio::shared()?, PLAIN_BUCKET);
+        Some(Self::shared_bucket(target, false))
     }
 
-    fn minio_target(bucket: &str) -> Option<S3Target> {
-        let minio = minio::shared()?;
-        Some(S3Target {
+    /// A MinIO of the test's own (see [`minio::own`]) with a bucket that keeps no versions,
+    /// and the MinIO, which stops when dropped.
+    pub fn minio_own(env: &[(&str, &str)]) -> Option<(Self, minio::Own)> {
+        let minio = minio::own(env)?;
+        let target = Self::minio_target(&minio, PLAIN_BUCKET);
+        Some((Self::shared_bucket(target, false), minio))
+    }
+
+    fn minio_target(minio: &minio::Minio, bucket: &str) -> S3Target {
+        S3Target {
             endpoint: minio.endpoint.clone(),
             region: "us-east-1".into(),
             access_key: minio.access_key.clone(),
             secret_key: minio.secret_key.clone(),
             bucket: bucket.into(),
-        })
+        }
     }
 
-    /// `target` on a server every test of the process shares: its bucket is created if it is
-    /// not there yet, and keeps versions if `versioned`.
+    /// `target` on a server tests may share: its bucket is created if it is not there yet, and
+    /// keeps versions if `versioned`.
     fn shared_bucket(target: S3Target, versioned: bool) -> Self {
         let runtime = runtime();
         let client = client_for(&target);
