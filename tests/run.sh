@@ -11,7 +11,8 @@ bash tests/install-garage.sh
 bash tests/install-podman.sh
 bash tests/install-moto.sh
 bash tests/install-nginx.sh
-export HYDRATOR_REQUIRE_GARAGE=1 HYDRATOR_REQUIRE_PODMAN=1 HYDRATOR_REQUIRE_MOTO=1 HYDRATOR_REQUIRE_NGINX=1
+bash tests/install-minio.sh
+export HYDRATOR_REQUIRE_GARAGE=1 HYDRATOR_REQUIRE_PODMAN=1 HYDRATOR_REQUIRE_MOTO=1 HYDRATOR_REQUIRE_NGINX=1 HYDRATOR_REQUIRE_MINIO=1
 cargo test --locked --all-targets
 bash k8s/validate.sh
 # The one-node Kubernetes built from source (tests/cluster/): runs where it is installed

@@ -1,5 +1,11 @@
 //! Builds the S3 client from [`ClientSettings`]: path-style for custom endpoints, time-outs,
 //! stalled-stream protection, and a retry budget sized for the number of requests in flight.
+//!
+//! A 429 is retried as throttling, as a 503 `SlowDown` is: MinIO answers a request beyond its
+//! `requests_max` (by default sized from its memory) at once with 429 `TooManyRequests`, a
+//! status and a code the SDK's own classifiers leave alone. Without [`TooManyRequests`], a busy
+//! MinIO failed a listing page at its first such answer, and a GET spent hydrator's few part
+//! attempts without a back-off.
 
 use aws_config::BehaviorVersion;
 use aws_sdk_s3::config::retry::{RetryConfig, RetryPartition, TokenBucket};
@@ -17,7 +23,9 @@ use aws_credential_types::provider::SharedCredentialsProvider;
 use aws_sdk_s3::config::interceptors::BeforeDeserializationInterceptorContextRef;
 use aws_sdk_s3::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_smithy_runtime_api::box_error::BoxError;
+use aws_smithy_runtime_api::client::interceptors::context::InterceptorContext;
 use aws_smithy_runtime_api::client::orchestrator::Metadata;
+use aws_smithy_runtime_api::client::retries::classifiers::{ClassifyRetry, RetryAction};
 
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 pub(crate) const FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -128,6 +136,23 @@ fn throttling(status: u16) -> bool {
     matches!(status, 429 | 503)
 }
 
+/// Classifies a 429 answer, whatever its code, as throttling (see the module note).
+#[derive(Debug)]
+struct TooManyRequests;
+
+impl ClassifyRetry for TooManyRequests {
+    fn classify_retry(&self, ctx: &InterceptorContext) -> RetryAction {
+        match ctx.response().map(|response| response.status().as_u16()) {
+            Some(429) => RetryAction::throttling_error(),
+            _ => RetryAction::NoActionIndicated,
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        "429 Too Many Requests"
+    }
+}
+
 #[derive(Debug)]
 struct RecordResponses(Arc<Responses>);
 
@@ -219,6 +244,7 @@ pub(crate) async fn build_with_credentials(
                 .with_max_attempts(SDK_MAX_ATTEMPTS)
                 .with_initial_backoff(Duration::from_millis(100)),
         )
+        .retry_classifier(TooManyRequests)
         .retry_partition(
             RetryPartition::custom("hydrator")
                 .token_bucket(TokenBucket::new(tokens))

@@ -88,7 +88,7 @@ fn check_publish_and_unpublish(server: &Server, prefix: &str) {
         .unwrap();
 }
 
-on_both_servers!(
+on_both_servers_and_minio!(
     publish_and_unpublish,
     check_publish_and_unpublish,
     "csi-flow/"

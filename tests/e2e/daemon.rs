@@ -119,7 +119,7 @@ fn check_fifty_clients(server: &Server, prefix: &str) {
     assert!(!daemon.log().contains("ERROR"), "{}", daemon.log());
 }
 
-on_both_servers!(
+on_both_servers_and_minio!(
     fifty_warm_clients_share_one_hydration_per_dataset,
     check_fifty_clients,
     "daemon-fifty/"
@@ -293,7 +293,7 @@ fn check_new_snapshot(server: &Server, prefix: &str) {
     );
 }
 
-on_both_servers!(
+on_both_servers_and_minio!(
     a_new_snapshot_leaves_the_old_one_alone_and_links_unchanged_files,
     check_new_snapshot,
     "daemon-snapshot/"

@@ -503,7 +503,7 @@ fn check_snapshot(server: &Server, prefix: &str) {
     ]);
     assert_eq!(code(&offline), 0, "{}", text(&offline));
 
-    // The object changes on the server. Where the bucket keeps versions (moto), the snapshot
+    // The object changes on the server. Where the bucket keeps versions (moto, MinIO), the snapshot
     // pinned them and hydrating it elsewhere still gets the old bytes; elsewhere it fails and
     // names the object.
     server.seed(prefix, &files(&[("m.bin", content(142, 100))]));
@@ -569,22 +569,18 @@ fn snapshot_of_a_versioned_bucket_pins_versions() {
     assert!(text(&gone).contains("versioned/w.txt"), "{}", text(&gone));
 }
 
-/// On a real server that keeps versions (moto): a snapshot pins every object's version id, a
-/// multipart object (a composite CRC32) is hydrated and checked, an object overwritten or
+/// On a real server that keeps versions (moto, MinIO): a snapshot pins every object's version
+/// id, a multipart object (a composite CRC32) is hydrated and checked, an object overwritten or
 /// deleted after the snapshot is hydrated at its pinned version, and a pinned version that was
 /// itself deleted is an error naming the object and the version.
-#[test]
-fn a_snapshot_on_moto_hydrates_pinned_versions_after_overwrites_and_deletes() {
-    let Some(server) = Server::moto() else {
-        return;
-    };
+fn check_pinned_versions(server: &Server) {
     let prefix = "pinned/";
     let mut expected = files(&[("a.txt", content(170, 100)), ("b.txt", content(171, 200))]);
     server.seed(prefix, &expected);
     expected.insert("big.bin".into(), content(172, 11 * MIB + 7));
     let uploaded = server.seed_multipart("pinned/big.bin", &expected["big.bin"], 5 * MIB);
-    assert!(uploaded.is_some(), "moto's bucket keeps versions");
-    let (dir, lock, snapshot) = make_snapshot(&server, prefix);
+    assert!(uploaded.is_some(), "the bucket keeps versions");
+    let (dir, lock, snapshot) = make_snapshot(server, prefix);
     let pinned: BTreeMap<&str, &str> = snapshot["entries"]
         .as_array()
         .unwrap()
@@ -604,7 +600,7 @@ fn a_snapshot_on_moto_hydrates_pinned_versions_after_overwrites_and_deletes() {
         let deleted = server.client.delete_object().bucket(&server.target.bucket);
         deleted.key("pinned/b.txt").send().await.unwrap();
     });
-    let sync = |dest: &Path| sync_snapshot(&server, &lock, dest, &["--part-size", "1MiB"]);
+    let sync = |dest: &Path| sync_snapshot(server, &lock, dest, &["--part-size", "1MiB"]);
     let dest = dir.path().join("dest");
     let hydrated = sync(&dest);
     assert_eq!(code(&hydrated), 0, "{}", text(&hydrated));
@@ -627,6 +623,29 @@ fn a_snapshot_on_moto_hydrates_pinned_versions_after_overwrites_and_deletes() {
         "{}",
         text(&lost)
     );
+}
+
+#[test]
+fn a_snapshot_on_moto_hydrates_pinned_versions_after_overwrites_and_deletes() {
+    if let Some(server) = Server::moto() {
+        check_pinned_versions(&server);
+    }
+}
+
+#[test]
+fn a_snapshot_on_minio_hydrates_pinned_versions_after_overwrites_and_deletes() {
+    if let Some(server) = Server::minio() {
+        check_pinned_versions(&server);
+    }
+}
+
+/// MinIO's bucket that keeps no versions lists every version id as "null": the snapshot pins
+/// ETags instead, and a changed object is an error.
+#[test]
+fn a_snapshot_on_a_minio_bucket_without_versions_pins_etags() {
+    if let Some(server) = Server::minio_plain() {
+        check_snapshot(&server, "snap-plain/");
+    }
 }
 
 /// A snapshot hydrated with filters is not the whole snapshot: a later unfiltered sync of it

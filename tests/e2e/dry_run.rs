@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use crate::support::faults::{Fault, Rule};
 use crate::support::{
-    assert_mirror, content, corrupt_keeping_mtime, files, records_durable_parts, temp_dest,
-    wait_until, Server, MIB,
+    assert_mirror, content, corrupt_keeping_mtime, files, kill_once_parts_are_durable, temp_dest,
+    Server, MIB,
 };
 
 /// Every entry under `dir`, directories and `.hydrator/` included, with what a write would
@@ -151,12 +151,7 @@ fn a_dry_run_writes_nothing_and_predicts_exactly_what_the_run_then_does() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let journal = dest.join(".hydrator/manifest.journal");
-    wait_until("durable parts recorded", Duration::from_secs(30), || {
-        records_durable_parts(&journal)
-    });
-    killed.kill().unwrap();
-    killed.wait().unwrap();
+    kill_once_parts_are_durable(&mut killed, &dest);
     server.faults.clear();
     // Local changes: a file removed, one touched, a stray one.
     std::fs::remove_file(dest.join("a.txt")).unwrap();

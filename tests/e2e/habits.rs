@@ -191,7 +191,7 @@ fn check_a_wrong_secret_reads_as_a_wrong_secret(server: &Server) {
     );
 }
 
-on_both_servers!(
+on_both_servers_and_minio!(
     a_wrong_secret_reads_as_a_wrong_secret,
     check_a_wrong_secret_reads_as_a_wrong_secret
 );

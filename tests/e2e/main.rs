@@ -1,5 +1,5 @@
 //! End-to-end: the real `hydrator` binary against real S3 servers (the in-process s3s server
-//! behind a fault injector, and Garage), on real files.
+//! behind a fault injector, Garage, moto and MinIO), on real files.
 
 #[macro_use]
 mod support;
@@ -15,6 +15,7 @@ mod front_door;
 mod habits;
 mod https;
 mod memory;
+mod minio;
 mod mount;
 mod output;
 mod p2p;

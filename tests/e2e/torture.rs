@@ -97,13 +97,7 @@ fn check_signal_stops_and_resumes(signal: i32) {
     );
 
     let rerun = server.sync("sig/", &dest, &[]);
-    rerun.assert_code(0);
-    assert_mirror(&dest, &expected);
-    assert!(
-        rerun.count("bytes", "resumed") >= 8 * MIB as u64,
-        "the durable parts are kept: {}",
-        rerun.report()["bytes"]
-    );
+    rerun.assert_resumed(&dest, &expected, 8 * MIB as u64);
 }
 
 #[test]
@@ -132,40 +126,13 @@ fn a_resume_after_kill_9_through_another_endpoint_url_keeps_the_durable_parts() 
     other.endpoint = other.endpoint.replace("127.0.0.1", "localhost");
     let url = format!("s3://{}/moved/", other.bucket);
     let rerun = hydrator_sync(&other, &url, &dest, &[]);
-    rerun.assert_code(0);
-    assert_mirror(&dest, &expected);
-    assert!(
-        rerun.count("bytes", "resumed") >= 8 * MIB as u64,
-        "the durable parts are kept: {}",
-        rerun.report()["bytes"]
-    );
-}
-
-fn seed_many(server: &Server, prefix: &str, count: usize, size: usize) {
-    use futures::StreamExt;
-    server.runtime.block_on(async {
-        futures::stream::iter(0..count)
-            .map(|i| {
-                server
-                    .client
-                    .put_object()
-                    .bucket(&server.target.bucket)
-                    .key(format!("{prefix}d{:04}/f{i:05}", i % 2000))
-                    .body(content(i as u64, size).into())
-                    .send()
-            })
-            .buffer_unordered(32)
-            .for_each(|put| async move {
-                put.unwrap();
-            })
-            .await;
-    });
+    rerun.assert_resumed(&dest, &expected, 8 * MIB as u64);
 }
 
 #[test]
 fn twenty_thousand_objects_in_2000_directories_under_an_open_file_limit_of_256() {
     let server = Server::local();
-    seed_many(&server, "many/", 20_000, 100);
+    server.seed_many("many/", 20_000, 100);
     let (_dir, dest) = temp_dest();
     let report = dest.with_extension("json");
     let mut command = server.sync_command("many/", &dest);

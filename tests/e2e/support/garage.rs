@@ -28,7 +28,7 @@ use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_s3::error::DisplayErrorContext;
 use tempfile::TempDir;
 
-use super::keeper::{free_ports, log_tail, start_kept, Failure};
+use super::keeper::{free_ports, log_tail, missing, start_kept, with_attempts, Failure};
 
 const BIN_ENV: &str = "HYDRATOR_GARAGE_BIN";
 const REQUIRE_ENV: &str = "HYDRATOR_REQUIRE_GARAGE";
@@ -75,21 +75,9 @@ fn init() -> Result<Option<Garage>, String> {
         let hint = format!(
             "no garage binary found (set {BIN_ENV}, put `garage` on PATH, or run tests/install-garage.sh)"
         );
-        if std::env::var(REQUIRE_ENV).is_ok_and(|v| v == "1") {
-            return Err(format!("{REQUIRE_ENV}=1 but {hint}"));
-        }
-        eprintln!("skipping Garage-backed checks: {hint}");
-        return Ok(None);
+        return missing(REQUIRE_ENV, "Garage", &hint);
     };
-    let mut attempt = 1;
-    let garage = loop {
-        match launch(&bin) {
-            Ok(garage) => break garage,
-            Err(failure) if failure.retry && attempt < ATTEMPTS => attempt += 1,
-            Err(failure) if attempt == 1 => return Err(failure.message),
-            Err(failure) => return Err(format!("attempt {attempt}: {}", failure.message)),
-        }
-    };
+    let garage = with_attempts(ATTEMPTS, || launch(&bin))?;
     // SAFETY: registers a plain `extern "C" fn` that does not unwind.
     if unsafe { libc::atexit(stop_at_exit) } != 0 {
         garage.stop();

@@ -1,6 +1,6 @@
 //! Shared helpers of the end-to-end suite: S3 servers to run against (the in-process s3s server
-//! behind a fault injector, and Garage), seeding, running the real `hydrator` binary, and
-//! checking a mirror byte for byte.
+//! behind a fault injector, Garage, moto and MinIO), seeding, running the real `hydrator`
+//! binary, and checking a mirror byte for byte.
 
 /// Defines a module `NAME` with two tests, `local` (the in-process server) and `garage`
 /// (skipped where Garage is neither installed nor required), each running `CHECK(&server[,
@@ -12,9 +12,14 @@ macro_rules! on_both_servers {
             super::$check(&crate::support::Server::local() $(, $prefix)?);
         }
 
+        on_both_servers!(@on garage, $check $(, $prefix)?);
+    };
+    // A test named after the external server it runs on, skipped where that server is neither
+    // installed nor required.
+    (@on $server:ident, $check:ident $(, $prefix:expr)?) => {
         #[test]
-        fn garage() {
-            if let Some(server) = crate::support::Server::garage() {
+        fn $server() {
+            if let Some(server) = crate::support::Server::$server() {
                 super::$check(&server $(, $prefix)?);
             }
         }
@@ -26,19 +31,26 @@ macro_rules! on_both_servers {
     };
 }
 
-/// The conformance checks: the tests of `on_both_servers!` and a third one, `moto` (a
-/// versioned bucket on moto's server, skipped where moto is neither installed nor required).
+/// The tests of `on_both_servers!` and a third one, `minio` (a versioned bucket on MinIO, the
+/// customer's store), for what a customer's dataset goes through but needs no versions of
+/// moto's.
+macro_rules! on_both_servers_and_minio {
+    ($name:ident, $check:ident $(, $prefix:expr)?) => {
+        mod $name {
+            on_both_servers!(@tests $check $(, $prefix)?);
+            on_both_servers!(@on minio, $check $(, $prefix)?);
+        }
+    };
+}
+
+/// The conformance checks: the tests of `on_both_servers!`, `moto` (a versioned bucket on
+/// moto's server) and `minio` (a versioned bucket on MinIO).
 macro_rules! on_every_server {
     ($name:ident, $check:ident $(, $prefix:expr)?) => {
         mod $name {
             on_both_servers!(@tests $check $(, $prefix)?);
-
-            #[test]
-            fn moto() {
-                if let Some(server) = crate::support::Server::moto() {
-                    super::$check(&server $(, $prefix)?);
-                }
-            }
+            on_both_servers!(@on moto, $check $(, $prefix)?);
+            on_both_servers!(@on minio, $check $(, $prefix)?);
         }
     };
 }
@@ -52,12 +64,14 @@ pub mod dragonfly_api;
 pub mod faults;
 pub mod garage;
 pub mod keeper;
+pub mod minio;
 pub mod moto;
 pub mod mount;
 pub mod nginx;
 pub mod origin;
 pub mod scheduler;
 pub mod seccomp;
+pub mod tamper;
 pub mod tls;
 
 use std::collections::BTreeMap;
@@ -68,8 +82,11 @@ use std::sync::{Arc, Mutex};
 use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
 use faults::{Faults, FaultyS3};
 
-/// moto's bucket, which keeps versions.
+/// The bucket of moto and MinIO that keeps versions.
 pub const VERSIONED_BUCKET: &str = "hydrator-versioned";
+
+/// MinIO's bucket that keeps no versions (its version ids are all "null").
+pub const PLAIN_BUCKET: &str = "hydrator-plain";
 
 /// The in-process server's bucket that anyone may read without signing.
 pub const PUBLIC_BUCKET: &str = "open-data";
@@ -175,30 +192,68 @@ impl Server {
             secret_key: "test-secret-key-for-moto".into(),
             bucket: VERSIONED_BUCKET.into(),
         };
+        Some(Self::shared_bucket(target, true))
+    }
+
+    /// The shared MinIO of this test process, with a bucket that keeps versions, or `None`
+    /// where MinIO is not installed and not required.
+    pub fn minio() -> Option<Self> {
+        let target = Self::minio_target(minio::shared()?, VERSIONED_BUCKET);
+        Some(Self::shared_bucket(target, true))
+    }
+
+    /// The same MinIO with a bucket that keeps no versions.
+    pub fn minio_plain() -> Option<Self> {
+        let target = Self::minio_target(minio::shared()?, PLAIN_BUCKET);
+        Some(Self::shared_bucket(target, false))
+    }
+
+    /// A MinIO of the test's own (see [`minio::own`]) with a bucket that keeps no versions,
+    /// and the MinIO, which stops when dropped.
+    pub fn minio_own(env: &[(&str, &str)]) -> Option<(Self, minio::Own)> {
+        let minio = minio::own(env)?;
+        let target = Self::minio_target(&minio, PLAIN_BUCKET);
+        Some((Self::shared_bucket(target, false), minio))
+    }
+
+    fn minio_target(minio: &minio::Minio, bucket: &str) -> S3Target {
+        S3Target {
+            endpoint: minio.endpoint.clone(),
+            region: "us-east-1".into(),
+            access_key: minio.access_key.clone(),
+            secret_key: minio.secret_key.clone(),
+            bucket: bucket.into(),
+        }
+    }
+
+    /// `target` on a server tests may share: its bucket is created if it is not there yet, and
+    /// keeps versions if `versioned`.
+    fn shared_bucket(target: S3Target, versioned: bool) -> Self {
         let runtime = runtime();
         let client = client_for(&target);
         runtime.block_on(async {
-            // Idempotent: every test of the process shares the bucket.
             let _ = client.create_bucket().bucket(&target.bucket).send().await;
-            client
-                .put_bucket_versioning()
-                .bucket(&target.bucket)
-                .versioning_configuration(
-                    aws_sdk_s3::types::VersioningConfiguration::builder()
-                        .status(aws_sdk_s3::types::BucketVersioningStatus::Enabled)
-                        .build(),
-                )
-                .send()
-                .await
-                .expect("versioning enabled on moto's bucket");
+            if versioned {
+                client
+                    .put_bucket_versioning()
+                    .bucket(&target.bucket)
+                    .versioning_configuration(
+                        aws_sdk_s3::types::VersioningConfiguration::builder()
+                            .status(aws_sdk_s3::types::BucketVersioningStatus::Enabled)
+                            .build(),
+                    )
+                    .send()
+                    .await
+                    .expect("versioning enabled on the bucket");
+            }
         });
-        Some(Self {
+        Self {
             target,
             faults: Arc::default(),
             runtime,
             client,
             _data: None,
-        })
+        }
     }
 
     /// Uploads `files` (path relative to `prefix` → content).
@@ -210,7 +265,21 @@ impl Server {
     /// (as `aws s3 cp` does above its threshold); returns the version id, if the bucket keeps
     /// versions.
     pub fn seed_multipart(&self, key: &str, data: &[u8], part_size: usize) -> Option<String> {
-        use aws_sdk_s3::types::{ChecksumAlgorithm, CompletedMultipartUpload, CompletedPart};
+        let crc32 = aws_sdk_s3::types::ChecksumAlgorithm::Crc32;
+        self.seed_multipart_with(key, data, part_size, crc32, None)
+    }
+
+    /// The same with the checksum `algorithm` and, if given, the checksum type (`FULL_OBJECT`:
+    /// one checksum of the whole object, `COMPOSITE`: a checksum of the part checksums).
+    pub fn seed_multipart_with(
+        &self,
+        key: &str,
+        data: &[u8],
+        part_size: usize,
+        algorithm: aws_sdk_s3::types::ChecksumAlgorithm,
+        checksum_type: Option<aws_sdk_s3::types::ChecksumType>,
+    ) -> Option<String> {
+        use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
         let bucket = &self.target.bucket;
         self.runtime.block_on(async {
             let upload = self
@@ -218,7 +287,8 @@ impl Server {
                 .create_multipart_upload()
                 .bucket(bucket)
                 .key(key)
-                .checksum_algorithm(ChecksumAlgorithm::Crc32)
+                .checksum_algorithm(algorithm.clone())
+                .set_checksum_type(checksum_type.clone())
                 .send()
                 .await
                 .unwrap();
@@ -233,7 +303,7 @@ impl Server {
                     .key(key)
                     .upload_id(id)
                     .part_number(number)
-                    .checksum_algorithm(ChecksumAlgorithm::Crc32)
+                    .checksum_algorithm(algorithm.clone())
                     .body(chunk.to_vec().into())
                     .send()
                     .await
@@ -243,6 +313,8 @@ impl Server {
                         .part_number(number)
                         .e_tag(part.e_tag().unwrap())
                         .set_checksum_crc32(part.checksum_crc32().map(str::to_string))
+                        .set_checksum_crc32_c(part.checksum_crc32_c().map(str::to_string))
+                        .set_checksum_crc64_nvme(part.checksum_crc64_nvme().map(str::to_string))
                         .build(),
                 );
             }
@@ -254,6 +326,7 @@ impl Server {
                 .bucket(bucket)
                 .key(key)
                 .upload_id(id)
+                .set_checksum_type(checksum_type)
                 .multipart_upload(
                     CompletedMultipartUpload::builder()
                         .set_parts(Some(parts))
@@ -294,6 +367,28 @@ impl Server {
                     .await
                     .unwrap_or_else(|e| panic!("seeding {path}: {e:?}"));
             }
+        });
+    }
+
+    /// Uploads `count` objects of `size` bytes, 32 at a time, at `PREFIXdNNNN/fNNNNN` (2,000
+    /// directories at most); object `i` holds `content(i, size)`.
+    pub fn seed_many(&self, prefix: &str, count: usize, size: usize) {
+        use futures::StreamExt;
+        self.runtime.block_on(async {
+            futures::stream::iter(0..count)
+                .map(|i| {
+                    self.client
+                        .put_object()
+                        .bucket(&self.target.bucket)
+                        .key(many_key(prefix, i))
+                        .body(content(i as u64, size).into())
+                        .send()
+                })
+                .buffer_unordered(32)
+                .for_each(|put| async move {
+                    put.unwrap();
+                })
+                .await;
         });
     }
 
@@ -425,6 +520,26 @@ impl Run {
     pub fn count(&self, section: &str, field: &str) -> u64 {
         self.report()[section][field].as_u64().unwrap()
     }
+
+    /// Asserts the run fetched an object again from its start at least once, and DEST holds
+    /// just `name` with `bytes`, as the report's BLAKE3 says.
+    pub fn assert_restarted_into(&self, dest: &Path, name: &str, bytes: &[u8]) {
+        let report = self.report();
+        assert!(report["object_restarts"].as_u64().unwrap() >= 1, "{report}");
+        assert_mirror(dest, &files(&[(name, bytes.to_vec())]));
+        let hash = blake3::hash(bytes).to_hex();
+        assert_eq!(report_hashes(report)[name], hash.as_str());
+    }
+
+    /// Asserts the run (after an interrupted one) completed DEST as `expected` and kept at
+    /// least `kept` bytes of durable parts.
+    pub fn assert_resumed(&self, dest: &Path, expected: &BTreeMap<String, Vec<u8>>, kept: u64) {
+        self.assert_code(0);
+        assert_mirror(dest, expected);
+        let bytes = &self.report()["bytes"];
+        let resumed = bytes["resumed"].as_u64().unwrap();
+        assert!(resumed >= kept, "the durable parts are kept: {bytes}");
+    }
 }
 
 /// Runs the real binary with credentials in the environment, as a pod would.
@@ -468,6 +583,11 @@ pub fn hydrator_command(target: &S3Target) -> Command {
 }
 
 pub const MIB: usize = 1 << 20;
+
+/// The key of object `i` of [`Server::seed_many`].
+pub fn many_key(prefix: &str, i: usize) -> String {
+    format!("{prefix}d{:04}/f{i:05}", i % 2000)
+}
 
 /// A dataset from `(path, content)` pairs.
 pub fn files(entries: &[(&str, Vec<u8>)]) -> BTreeMap<String, Vec<u8>> {
@@ -576,6 +696,18 @@ pub fn corrupt_keeping_mtime(path: &Path, at: usize) {
 pub fn records_durable_parts(journal: &Path) -> bool {
     let needle = b"\"type\":\"parts\"";
     std::fs::read(journal).is_ok_and(|bytes| bytes.windows(needle.len()).any(|w| w == needle))
+}
+
+/// Kills `child`, a sync into `dest`, with SIGKILL once its journal records durable parts.
+pub fn kill_once_parts_are_durable(child: &mut std::process::Child, dest: &Path) {
+    let journal = dest.join(".hydrator/manifest.journal");
+    wait_until(
+        "durable parts recorded",
+        std::time::Duration::from_secs(30),
+        || records_durable_parts(&journal),
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
 }
 
 /// The mount lines of `path` in this mount namespace, bottom to top.

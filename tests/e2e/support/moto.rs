@@ -2,15 +2,12 @@
 //! with versioned buckets, shared by every test of one test process like Garage
 //! ([`super::garage`]): started once, killed at exit or with the test process.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::keeper::{free_ports, log_tail, start_kept, Failure};
+use super::keeper::{free_ports, log_tail, missing, start_kept, wait_answering, Failure};
 
 const PYTHON_ENV: &str = "HYDRATOR_MOTO_PYTHON";
 const REQUIRE_ENV: &str = "HYDRATOR_REQUIRE_MOTO";
@@ -39,11 +36,7 @@ fn init() -> Result<Option<Moto>, String> {
     let Some(python) = find_python() else {
         let hint =
             format!("no Python with moto found (set {PYTHON_ENV}, or run tests/install-moto.sh)");
-        if std::env::var(REQUIRE_ENV).is_ok_and(|v| v == "1") {
-            return Err(format!("{REQUIRE_ENV}=1 but {hint}"));
-        }
-        eprintln!("skipping moto-backed checks: {hint}");
-        return Ok(None);
+        return missing(REQUIRE_ENV, "moto", &hint);
     };
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let log_path = dir.path().join("moto.log");
@@ -62,16 +55,15 @@ fn init() -> Result<Option<Moto>, String> {
         .stdin(Stdio::null())
         .stdout(log.try_clone().map_err(|e| e.to_string())?)
         .stderr(log);
-    let child = start_kept(command, "moto", move |child| wait_ready(child, port)).map_err(
-        |failure: Failure| {
-            format!(
-                "{}\npython: {}\nlast lines of its log:\n{}",
-                failure.message,
-                python.display(),
-                log_tail(&log_path)
-            )
-        },
-    )?;
+    let ready = move |child: &mut Child| wait_answering(child, "moto", port, "/", READY_TIMEOUT);
+    let child = start_kept(command, "moto", ready).map_err(|failure: Failure| {
+        format!(
+            "{}\npython: {}\nlast lines of its log:\n{}",
+            failure.message,
+            python.display(),
+            log_tail(&log_path)
+        )
+    })?;
     // SAFETY: registers a plain `extern "C" fn` that does not unwind.
     if unsafe { libc::atexit(stop_at_exit) } != 0 {
         return Err("libc::atexit failed: cannot guarantee moto is stopped".to_owned());
@@ -101,35 +93,6 @@ fn find_python() -> Option<PathBuf> {
     [venv, PathBuf::from("python3")]
         .into_iter()
         .find(|python| has_moto(python))
-}
-
-/// Ready when its HTTP port answers a request.
-fn wait_ready(child: &mut Child, port: u16) -> Result<(), Failure> {
-    let deadline = Instant::now() + READY_TIMEOUT;
-    loop {
-        let answered = TcpStream::connect(("127.0.0.1", port)).and_then(|mut stream| {
-            stream.write_all(b"GET / HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
-            let mut head = [0u8; 12];
-            stream.read_exact(&mut head)?;
-            Ok(head.starts_with(b"HTTP/1."))
-        });
-        if answered.is_ok_and(|ok| ok) {
-            return Ok(());
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            return Err(Failure {
-                retry: false,
-                message: format!("moto exited before it was ready ({status})"),
-            });
-        }
-        if Instant::now() >= deadline {
-            return Err(Failure {
-                retry: false,
-                message: format!("moto not ready after {READY_TIMEOUT:?}"),
-            });
-        }
-        thread::sleep(Duration::from_millis(100));
-    }
 }
 
 extern "C" fn stop_at_exit() {
