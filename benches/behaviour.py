@@ -14,7 +14,8 @@ MC_CONFIG_DIR) and run as an init container would:
 The scenarios:
 
 - clean: a cold run, nothing goes wrong (the bytes a full copy costs);
-- kill -9 half-way, then the same command again: bytes fetched again, final copy right or not;
+- kill -9 half-way, then the same command again: bytes fetched again, final copy right or not
+  (on train/, and on one 192 MiB object);
 - an object replaced (same size, new bytes) while it is being fetched: what lands, then what a
   second run makes of it;
 - a typo in the prefix, and a bucket typo: exit code and message;
@@ -207,6 +208,10 @@ def prepare(mc, env, work):
                        check=True, stdout=subprocess.DEVNULL)
         shutil.rmtree(src)
         marker.write_text("train\n")
+    marker = work / "uploaded-big"
+    if not marker.exists():
+        upload(mc, env, f"{BUCKET}/big/{BIG[0]}", content(*BIG), scratch)
+        marker.write_text("big\n")
     return expected
 
 
@@ -328,6 +333,7 @@ class Harness:
         self.work, self.expected = work, expected
         self.total = sum(size for _, size in TRAIN)
         self.train = f"{ALIAS}/{BUCKET}/train/"
+        self.expected_big = {BIG[0]: hashlib.sha256(content(*BIG)).hexdigest()}
         self.n = 0
 
     def dest(self, tool, name):
@@ -353,13 +359,13 @@ class Harness:
         rc, sent, wall, _ = self.run(tool, self.train, dest, "clean")
         return f"{code(rc)}, {describe(dest, self.expected)}; {mib(sent)} fetched in {wall:.1f} s"
 
-    def interrupted(self, tool, name, how):
+    def interrupted(self, tool, name, how, source=None, total=None):
         """Starts a run, does `how` once half the bytes went by; returns (rc, sent, dest, log)."""
         dest = self.dest(tool, name)
         self.proxy.reset()
         path = self.log_path(tool, name)
-        process = self.tools.start(tool, self.train, dest, path)
-        reached = wait_for_bytes(self.proxy, self.total // 2, process)
+        process = self.tools.start(tool, source or self.train, dest, path)
+        reached = wait_for_bytes(self.proxy, (total or self.total) // 2, process)
         if not reached:
             rc = wait(process)
             return rc, self.proxy.reset(), dest, path, "finished before half-way"
@@ -367,20 +373,24 @@ class Harness:
         rc = wait(process, GONE_WAIT if name == "gone" else TIMEOUT)
         return rc, self.proxy.reset(), dest, path, ""
 
-    def kill9(self, tool, times=3):
+    def kill9(self, tool, times=3, big=False):
         """Three times: bytes the server sent twice, and the final copy."""
+        source, total, expected = self.train, self.total, self.expected
+        if big:
+            source, total, expected = f"{ALIAS}/{BUCKET}/big/", BIG[1], self.expected_big
         outcomes = []
         for i in range(times):
+            name = f"kill9{'-big' if big else ''}-{i + 1}"
             rc1, sent1, dest, _, note = self.interrupted(
-                tool, f"kill9-{i + 1}", lambda p: os.killpg(p.pid, signal.SIGKILL))
+                tool, name, lambda p: os.killpg(p.pid, signal.SIGKILL), source, total)
             if note:
                 outcomes.append(note)
                 continue
-            rc2, sent2, wall, _ = self.run(tool, self.train, dest, f"kill9-{i + 1}-again")
-            again = max(sent1 + sent2 - self.total, 0)
+            rc2, sent2, wall, _ = self.run(tool, source, dest, f"{name}-again")
+            again = max(sent1 + sent2 - total, 0)
             outcomes.append(f"killed at {mib(sent1)}, the re-run fetched {mib(sent2)}: "
                             f"**{again / MiB:.1f} MiB twice**, {code(rc2)}, "
-                            f"{describe(dest, self.expected)}")
+                            f"{describe(dest, expected)}")
         return "; ".join(outcomes)
 
     def sigterm(self, tool):
@@ -483,6 +493,8 @@ def landed(path, old, new):
 SCENARIOS = [
     ("clean run (baseline)", lambda h, t: h.clean(t)),
     ("kill -9 half-way, then the same command again (three times)", lambda h, t: h.kill9(t)),
+    ("kill -9 half-way through one 192 MiB object, then again (three times)",
+     lambda h, t: h.kill9(t, big=True)),
     ("an object (192 MiB) replaced by another of the same size while it is fetched",
      lambda h, t: h.replaced(t)),
     ("a typo in the prefix (`train/` → `trian/`)",
@@ -554,7 +566,8 @@ def main():
         f"- Machine: {compare.machine()}.",
         "- Tools: " + "; ".join(f"{k}: `{v}`" for k, v in versions.items()) + ".",
         f"- Dataset `train/`: {len(TRAIN)} objects, {mib(harness.total)} "
-        f"(16 × 24 MiB, 200 × 64 KiB); the replaced object is {mib(BIG[1])}, fetched at "
+        f"(16 × 24 MiB, 200 × 64 KiB); `big/` one object of {mib(BIG[1])}; the replaced object "
+        f"is one of {mib(BIG[1])} too, fetched at "
         f"{min(args.rate * MiB, REPLACE_RATE) / MiB:g} MiB/s.",
         f"- MinIO (single drive) on loopback behind a counting proxy capped at {args.rate:g} MiB/s; "
         "bytes fetched are what the server sent through it (bodies, headers, listings).",
