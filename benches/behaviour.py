@@ -569,7 +569,8 @@ def main():
         f"(16 × 24 MiB, 200 × 64 KiB); `big/` one object of {mib(BIG[1])}; the replaced object "
         f"is one of {mib(BIG[1])} too, fetched at "
         f"{min(args.rate * MiB, REPLACE_RATE) / MiB:g} MiB/s.",
-        f"- MinIO (single drive) on loopback behind a counting proxy capped at {args.rate:g} MiB/s; "
+        f"- MinIO (single drive) on loopback behind a counting proxy capped at {args.rate:g} MiB/s;"
+        " "
         "bytes fetched are what the server sent through it (bodies, headers, listings).",
         "- Commands: `hydrator sync depot/bench/train/ DEST` and "
         "`mc mirror --overwrite --retry depot/bench/train/ DEST/`, one mc alias for both.",

