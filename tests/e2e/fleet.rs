@@ -567,3 +567,40 @@ fn eight_nodes_take_a_sealed_dataset_with_the_store_serving_each_large_byte_once
     eprintln!("{context}");
     drop(peers);
 }
+
+/// Dragonfly's scheduler as the fleet test runs it: standalone (it writes its local dynconfig
+/// file), serving by its gRPC health check (which a dfdaemon asks before it uses a scheduler),
+/// refusing connections once killed, and serving again once started again.
+#[test]
+fn dragonfly_scheduler_runs_standalone_and_serves_again_after_a_kill() {
+    let Some(bin) = dragonfly_scheduler::installed() else {
+        eprintln!(
+            "SKIP Dragonfly's scheduler: not installed \
+             (bash tests/install-dragonfly-scheduler.sh, ~21 min)"
+        );
+        return;
+    };
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+    let dir = tempfile::tempdir().unwrap();
+    let scheduler = RealScheduler::start(&bin, &dir.path().join("scheduler"));
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let url = format!("http://{}", scheduler.addr);
+    let serving = || {
+        runtime.block_on(async {
+            let endpoint = tonic::transport::Endpoint::from_shared(url.clone()).unwrap();
+            let mut client = HealthClient::new(endpoint.connect().await.ok()?);
+            let request = HealthCheckRequest {
+                service: String::new(),
+            };
+            let answer = client.check(request).await.ok()?.into_inner();
+            Some(answer.status == ServingStatus::Serving as i32)
+        })
+    };
+    assert_eq!(serving(), Some(true), "{}", scheduler.log());
+    assert!(dir.path().join("scheduler/dynconfig.yaml").exists());
+    scheduler.down();
+    assert_eq!(serving(), None, "killed, it takes no connection");
+    scheduler.up();
+    assert_eq!(serving(), Some(true), "{}", scheduler.log());
+}
