@@ -2,8 +2,7 @@
 # The test suite: unit tests, then the end-to-end suite against the in-process S3 server, a
 # real Garage (installed on first use; that takes ~11 minutes on 2 cores) and moto's server with
 # a versioned bucket (installed into a virtualenv on first use, ~40 s), HTTPS through nginx and
-# the container image under Podman (both installed from Debian when missing), the CSI plugin
-# under csi-sanity (built from the Go module proxy on first use, ~1 minute), and the
+# the container image under Podman (both installed from Debian when missing), and the
 # Kubernetes manifests rendered and validated against the Kubernetes schemas; then the fleet
 # test where dfdaemon is installed.
 set -euo pipefail
@@ -12,7 +11,7 @@ bash tests/install-garage.sh
 bash tests/install-podman.sh
 bash tests/install-moto.sh
 bash tests/install-nginx.sh
-bash tests/install-csi-sanity.sh
+bash tests/install-csi-sanity.sh # the CSI plugin under csi-sanity: built on first use, ~1 minute
 export HYDRATOR_REQUIRE_GARAGE=1 HYDRATOR_REQUIRE_PODMAN=1 HYDRATOR_REQUIRE_MOTO=1 HYDRATOR_REQUIRE_NGINX=1
 export HYDRATOR_REQUIRE_CSI_SANITY=1
 cargo test --locked --all-targets
