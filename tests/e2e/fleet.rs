@@ -459,6 +459,8 @@ fn eight_nodes_take_a_sealed_dataset_with_the_store_serving_each_large_byte_once
         served.lists,
         scheduler.name(),
     );
+    // Printed now too: the figures stand even if a later check fails.
+    eprintln!("{line}");
     let from_peers = metric_sum(&fleet_nodes, "hydrator_bytes_from_peers_total");
     let context = format!(
         "{line}\n  {served:?}; from peers {from_peers} bytes over all nodes in {took:.1?}\n{}",
