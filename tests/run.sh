@@ -11,8 +11,10 @@ bash tests/install-garage.sh
 bash tests/install-podman.sh
 bash tests/install-moto.sh
 bash tests/install-nginx.sh
-bash tests/install-minio.sh
-export HYDRATOR_REQUIRE_GARAGE=1 HYDRATOR_REQUIRE_PODMAN=1 HYDRATOR_REQUIRE_MOTO=1 HYDRATOR_REQUIRE_NGINX=1 HYDRATOR_REQUIRE_MINIO=1
+bash tests/install-minio.sh # MinIO and mc from the Go module proxy: ~4 minutes, once
+bash tests/install-csi-sanity.sh # the CSI plugin under csi-sanity: built on first use, ~1 minute
+export HYDRATOR_REQUIRE_GARAGE=1 HYDRATOR_REQUIRE_PODMAN=1 HYDRATOR_REQUIRE_MOTO=1 HYDRATOR_REQUIRE_NGINX=1
+export HYDRATOR_REQUIRE_MINIO=1 HYDRATOR_REQUIRE_CSI_SANITY=1
 cargo test --locked --all-targets
 bash k8s/validate.sh
 # The one-node Kubernetes built from source (tests/cluster/): runs where it is installed

@@ -125,6 +125,16 @@ impl Node for NodeService {
         request: Request<NodeGetVolumeStatsRequest>,
     ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
         let request = request.into_inner();
+        for (field, value) in [
+            ("volume_id", &request.volume_id),
+            ("volume_path", &request.volume_path),
+        ] {
+            if value.is_empty() {
+                return Err(Status::invalid_argument(format!(
+                    "NodeGetVolumeStats needs {field}"
+                )));
+            }
+        }
         let path = Path::new(&request.volume_path);
         let (usage, condition) = self.plugin.stats(&request.volume_id, path)?;
         Ok(Response::new(NodeGetVolumeStatsResponse {

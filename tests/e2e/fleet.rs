@@ -1,10 +1,13 @@
 //! The fleet: 8 simulated nodes on loopback addresses (127.0.B.1–8), each a real `dfdaemon`
 //! and a real `hydrator daemon`, the store (the in-process server, counting GETs, HEADs,
-//! listings and bytes) and the scheduler stand-in (`support::scheduler`). It runs through
-//! `tests/fleet.sh` (`HYDRATOR_FLEET=1`), which installs `dfdaemon` first; in the suite it
-//! prints a SKIP line. One run, in phases: the 8 nodes warm one sealed dataset at once (the
-//! figures); a ninth node without a dfdaemon warms it beside them; the scheduler goes down; an
-//! object is replaced while the nodes fetch it.
+//! listings and bytes) and Dragonfly's own scheduler, standalone (`support::dragonfly_scheduler`,
+//! built by tests/install-dragonfly-scheduler.sh), or the scheduler stand-in
+//! (`support::scheduler`) where that is not installed (a SKIP line says so) or
+//! `HYDRATOR_FLEET_SCHEDULER=stand-in`. It runs through `tests/fleet.sh` (`HYDRATOR_FLEET=1`),
+//! which installs `dfdaemon` first; in the suite it prints a SKIP line. One run, in phases: the
+//! 8 nodes warm one sealed dataset at once (the figures); a ninth node without a dfdaemon warms
+//! it beside them; the scheduler goes down (the stand-in refuses every call, the real one is
+//! killed and started again after); an object is replaced while the nodes fetch it.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
@@ -14,6 +17,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use crate::support::daemon::{catalog, dataset, Daemon, DatasetSpec};
+use crate::support::dragonfly_scheduler::{self, RealScheduler};
 use crate::support::faults::{Fault, Faults, Rule};
 use crate::support::scheduler::SchedulerDouble;
 use crate::support::{content, read_tree, Server, MIB};
@@ -27,6 +31,63 @@ fn dfdaemon_bin() -> Option<PathBuf> {
         .or_else(|| Some(PathBuf::from(std::env::var_os("HOME")?).join(".cargo")))?;
     let installed = cargo_home.join("bin/dfdaemon");
     installed.exists().then_some(installed)
+}
+
+/// The scheduler the dfdaemons use.
+enum Scheduler {
+    StandIn(SchedulerDouble),
+    /// Dragonfly's, and what the install script built.
+    Real(RealScheduler, String),
+}
+
+impl Scheduler {
+    /// Dragonfly's where it is installed, unless `HYDRATOR_FLEET_SCHEDULER=stand-in`;
+    /// `HYDRATOR_FLEET_SCHEDULER=real` requires it.
+    fn choose(dir: &Path) -> Self {
+        let wanted = std::env::var("HYDRATOR_FLEET_SCHEDULER").unwrap_or_default();
+        let installed = dragonfly_scheduler::installed();
+        match (wanted.as_str(), installed) {
+            ("stand-in", _) => Self::StandIn(SchedulerDouble::start()),
+            (_, Some(bin)) => Self::Real(
+                RealScheduler::start(&bin, &dir.join("scheduler")),
+                dragonfly_scheduler::version(&bin),
+            ),
+            ("real", None) => panic!(
+                "HYDRATOR_FLEET_SCHEDULER=real but the scheduler is not installed \
+                 (bash tests/install-dragonfly-scheduler.sh)"
+            ),
+            (_, None) => {
+                eprintln!(
+                    "SKIP fleet with Dragonfly's scheduler: not installed \
+                     (bash tests/install-dragonfly-scheduler.sh, ~21 min); the stand-in schedules"
+                );
+                Self::StandIn(SchedulerDouble::start())
+            }
+        }
+    }
+
+    fn addr(&self) -> std::net::SocketAddr {
+        match self {
+            Self::StandIn(double) => double.addr,
+            Self::Real(real, _) => real.addr,
+        }
+    }
+
+    fn name(&self) -> String {
+        match self {
+            Self::StandIn(_) => "the stand-in".into(),
+            Self::Real(_, version) => format!("Dragonfly's {version}"),
+        }
+    }
+
+    /// Down (`true`) or up again.
+    fn down(&self, down: bool) {
+        match (self, down) {
+            (Self::StandIn(double), _) => double.fail(down),
+            (Self::Real(real, _), true) => real.down(),
+            (Self::Real(real, _), false) => real.up(),
+        }
+    }
 }
 
 /// Objects this large go through the peers (the catalog's default `min_object_size`).
@@ -133,7 +194,7 @@ impl Drop for Peer {
     }
 }
 
-/// Copies the nodes' logs to `$HYDRATOR_FLEET_LOGS` when dropped.
+/// Copies the nodes' logs (and the real scheduler's) to `$HYDRATOR_FLEET_LOGS` when dropped.
 struct KeepLogs(PathBuf);
 
 impl Drop for KeepLogs {
@@ -148,6 +209,8 @@ impl Drop for KeepLogs {
                 let _ = std::fs::copy(home.join(log), keep.join(format!("node{n}-{log}")));
             }
         }
+        let scheduler = self.0.join("scheduler/scheduler.log");
+        let _ = std::fs::copy(scheduler, keep.join("scheduler.log"));
     }
 }
 
@@ -352,14 +415,14 @@ fn eight_nodes_take_a_sealed_dataset_with_the_store_serving_each_large_byte_once
         ("outage", &outage),
         ("replaced", &replaced),
     ];
-    let scheduler = SchedulerDouble::start();
+    let scheduler = Scheduler::choose(dir.path());
 
     let mut peers = Vec::new();
     let mut nodes = Vec::new();
     for n in 0..NODES {
         let home = dir.path().join(format!("node{n}"));
         std::fs::create_dir(&home).unwrap();
-        let peer = Peer::start(&bin, &home, n, scheduler.addr);
+        let peer = Peer::start(&bin, &home, n, scheduler.addr());
         let text = node_catalog(&home, &server, &peer.socket, &sets);
         nodes.push(Daemon::start(&home, &server.target, &text));
         peers.push(peer);
@@ -388,13 +451,16 @@ fn eight_nodes_take_a_sealed_dataset_with_the_store_serving_each_large_byte_once
     let digests = ready_everywhere(&fleet_nodes, &outputs, "fleet", &fleet.all);
     assert!(digests.iter().all(|d| *d == digests[0]), "{digests:?}");
     let line = format!(
-        "fleet: {NODES} nodes ready; store GET bytes {} of {} ({:.2}×); HEAD {}; LIST {}",
+        "fleet: {NODES} nodes ready; store GET bytes {} of {} ({:.2}×); HEAD {}; LIST {}; scheduler {}",
         served.bytes,
         total,
         served.bytes as f64 / total as f64,
         served.heads + served.stats,
         served.lists,
+        scheduler.name(),
     );
+    // Printed now too: the figures stand even if a later check fails.
+    eprintln!("{line}");
     let from_peers = metric_sum(&fleet_nodes, "hydrator_bytes_from_peers_total");
     let context = format!(
         "{line}\n  {served:?}; from peers {from_peers} bytes over all nodes in {took:.1?}\n{}",
@@ -412,16 +478,19 @@ fn eight_nodes_take_a_sealed_dataset_with_the_store_serving_each_large_byte_once
     );
     assert_eq!(served.lists, 0, "{context}");
     assert_eq!(from_peers, (NODES as u64 * large) as f64, "{context}");
-    let (to_source, with_parents) = scheduler.decisions();
-    assert_eq!(scheduler.hosts(), NODES);
-    assert_eq!(
-        to_source, large_objects,
-        "one peer of each task reads the store"
-    );
-    assert!(
-        with_parents >= (NODES as u64 - 1) * large_objects,
-        "{with_parents}"
-    );
+    // The stand-in counts what it decided; Dragonfly's scheduler is seen by the store only.
+    if let Scheduler::StandIn(double) = &scheduler {
+        let (to_source, with_parents) = double.decisions();
+        assert_eq!(double.hosts(), NODES);
+        assert_eq!(
+            to_source, large_objects,
+            "one peer of each task reads the store"
+        );
+        assert!(
+            with_parents >= (NODES as u64 - 1) * large_objects,
+            "{with_parents}"
+        );
+    }
     for (node, peer) in nodes.iter().zip(&peers) {
         assert!(
             inodes_of_its_own(node, peer, "fleet"),
@@ -457,7 +526,7 @@ fn eight_nodes_take_a_sealed_dataset_with_the_store_serving_each_large_byte_once
 
     // 3. The scheduler goes down: every node still gets `outage`, from the store directly,
     // under its budget.
-    scheduler.fail(true);
+    scheduler.down(true);
     let outputs = warm_on(&fleet_nodes, "outage");
     ready_everywhere(&fleet_nodes, &outputs, "outage", &outage.all);
     let (_, outage_objects) = large_part(&outage.all);
@@ -467,7 +536,7 @@ fn eight_nodes_take_a_sealed_dataset_with_the_store_serving_each_large_byte_once
         "{}",
         why(&fleet_nodes, &peers[0])
     );
-    scheduler.fail(false);
+    scheduler.down(false);
 
     // 4. `replaced`'s large object is overwritten in the store at its third ranged GET (a
     // dfdaemon's stat or a piece): a node is ready only with the sealed bytes (those that got
@@ -499,4 +568,41 @@ fn eight_nodes_take_a_sealed_dataset_with_the_store_serving_each_large_byte_once
     eprintln!("replaced mid-fetch: {failed} of {NODES} nodes failed, the others ready as sealed");
     eprintln!("{context}");
     drop(peers);
+}
+
+/// Dragonfly's scheduler as the fleet test runs it: standalone (it writes its local dynconfig
+/// file), serving by its gRPC health check (which a dfdaemon asks before it uses a scheduler),
+/// refusing connections once killed, and serving again once started again.
+#[test]
+fn dragonfly_scheduler_runs_standalone_and_serves_again_after_a_kill() {
+    let Some(bin) = dragonfly_scheduler::installed() else {
+        eprintln!(
+            "SKIP Dragonfly's scheduler: not installed \
+             (bash tests/install-dragonfly-scheduler.sh, ~21 min)"
+        );
+        return;
+    };
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+    let dir = tempfile::tempdir().unwrap();
+    let scheduler = RealScheduler::start(&bin, &dir.path().join("scheduler"));
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let url = format!("http://{}", scheduler.addr);
+    let serving = || {
+        runtime.block_on(async {
+            let endpoint = tonic::transport::Endpoint::from_shared(url.clone()).unwrap();
+            let mut client = HealthClient::new(endpoint.connect().await.ok()?);
+            let request = HealthCheckRequest {
+                service: String::new(),
+            };
+            let answer = client.check(request).await.ok()?.into_inner();
+            Some(answer.status == ServingStatus::Serving as i32)
+        })
+    };
+    assert_eq!(serving(), Some(true), "{}", scheduler.log());
+    assert!(dir.path().join("scheduler/dynconfig.yaml").exists());
+    scheduler.down();
+    assert_eq!(serving(), None, "killed, it takes no connection");
+    scheduler.up();
+    assert_eq!(serving(), Some(true), "{}", scheduler.log());
 }

@@ -6,6 +6,7 @@ mod support;
 mod access;
 mod container;
 mod csi;
+mod csi_sanity;
 mod daemon;
 mod dataset;
 mod docs;

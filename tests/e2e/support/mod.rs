@@ -61,6 +61,7 @@ pub mod daemon;
 pub mod dfdaemon;
 pub mod disk;
 pub mod dragonfly_api;
+pub mod dragonfly_scheduler;
 pub mod faults;
 pub mod garage;
 pub mod keeper;

@@ -1,5 +1,6 @@
-//! A stand-in for Dragonfly's scheduler (its Go build is not possible here), for the fleet
-//! test's real dfdaemons. Like moto, a fixture of the test tree, never shipped. Its policy:
+//! A stand-in for Dragonfly's scheduler, for the fleet test's real dfdaemons where Dragonfly's
+//! own (`support::dragonfly_scheduler`) is not installed or not wanted. Like moto, a fixture of
+//! the test tree, never shipped. Its policy:
 //! - `AnnounceHost` records each dfdaemon's host (its address and upload port);
 //! - the first peer registered for a task is told to go back to the source; every later one
 //!   gets the task's earlier peers as candidate parents (a dfdaemon syncs pieces from a parent
