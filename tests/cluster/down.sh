@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Stops the one-node cluster up.sh started: removes its pods' containers, stops every process
-# it launched, unmounts what the kubelet left under /var/lib/kubelet, removes its state.
+# it launched, unmounts what the kubelet left under /var/lib/kubelet, removes its state and
+# the node cache's directories.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/lib.sh"
@@ -23,4 +24,6 @@ done
 ip link delete cni0 2>/dev/null
 rm -rf "$STATE" /var/lib/kubelet /var/lib/cni/networks/hydrator-pods /etc/cni/net.d/10-hydrator-bridge.conflist
 rm -rf /var/lib/containerd /run/containerd
+# The node cache's hostPaths (k8s/node-cache/daemonset.yaml): a next cluster starts cold.
+rm -rf /var/cache/hydrator /run/hydrator /var/lib/hydrator-csi
 echo "cluster: down"

@@ -80,7 +80,7 @@ export MC_CONFIG_DIR="$work/mc"
 wait_for MinIO 60 "$minio_bin/mc" alias set store "http://127.0.0.1:$MINIO_PORT" \
     "$MINIO_ROOT_USER" "$MINIO_ROOT_PASSWORD"
 for i in $(seq -w 1 40); do
-    head -c $((RANDOM * 8 + i)) /dev/urandom >"$work/seed/imagenet/n$i.jpeg"
+    head -c $((RANDOM * 8 + 10#$i)) /dev/urandom >"$work/seed/imagenet/n$i.jpeg"
 done
 mkdir -p "$work/seed/imagenet/val"
 head -c $((24 << 20)) /dev/urandom >"$work/seed/imagenet/val/shard-0000.tar"
@@ -140,10 +140,11 @@ spec:
           cd /data && find . -type f ! -path './.hydrator/*' | sort | xargs sha256sum
           echo "hashed"
           while sleep 1; do
-            if err=\$(cat \$(find . -type f ! -path './.hydrator/*') 2>&1 >/dev/null); then
+            if files=\$(find . -type f ! -path './.hydrator/*' 2>&1) && test -n "\$files" \\
+                && err=\$(cat \$files 2>&1 >/dev/null); then
               echo "read: ok"
             else
-              echo "read: failed: \$err" | head -c 300; echo
+              echo "read: failed: \$(echo \$files \$err | head -c 200)"
             fi
           done
       resources: {requests: {cpu: 50m, memory: 32Mi}}
@@ -212,18 +213,21 @@ rollout() { # what
     ready_failed=$(logs ready-reader | tail -n +$((before_ready + 1)) | grep -c '^read: failed' || true)
     lazy_failed=$(logs rollout-reader | tail -n +$((before_lazy + 1)) | grep -c '^read: failed' || true)
     echo "rollout ($1): pod on a ready volume: $ready_failed failed reads;" \
-        "pod on a lazy volume: $lazy_failed failed reads, its last line: $(logs rollout-reader | tail -1)"
+        "pod on a lazy volume: $lazy_failed failed reads, the last: $(logs rollout-reader | grep '^read:' | tail -1)"
     ((ready_failed == 0)) || fail "$1: a pod on a ready volume failed to read: $(logs ready-reader | grep failed | tail -1)"
 }
 ctr -n k8s.io images tag "$HYDRATOR_IMAGE" "${HYDRATOR_IMAGE}-2" >/dev/null
 kube -n hydrator-system set image ds/hydrator "daemon=${HYDRATOR_IMAGE}-2" "csi=${HYDRATOR_IMAGE}-2" >/dev/null
 rollout "image change"
 # The catalog edit as a platform team makes it: the file changes, `kubectl apply -k` again.
-cp -r "$here/overlays/node-cache" "$work/edited"
-sed -i "s#\.\./\.\./\.\./\.\./k8s#$repo/k8s#" "$work/edited/kustomization.yaml"
-sed -i 's/newTag: cluster$/newTag: cluster-2/' "$work/edited/kustomization.yaml"
-sed -i 's/^default_lease_ttl_seconds = 3600/default_lease_ttl_seconds = 1800/' "$work/edited/catalog.toml"
-kube apply -k "$work/edited" >/dev/null
+# A copy keeps the overlay's relative path to k8s/ (kustomize takes no absolute one).
+edited="$work/edited/tests/cluster/overlays/node-cache"
+mkdir -p "$(dirname "$edited")"
+cp -r "$repo/k8s" "$work/edited/k8s"
+cp -r "$here/overlays/node-cache" "$edited"
+sed -i 's/newTag: cluster$/newTag: cluster-2/' "$edited/kustomization.yaml"
+sed -i 's/^default_lease_ttl_seconds = 3600/default_lease_ttl_seconds = 1800/' "$edited/catalog.toml"
+kube apply -k "$edited" >/dev/null
 rollout "catalog edit"
 
 # 5. Volume health: the lazy view that ended with its plugin is reported abnormal in the pod's
