@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use crate::support::disk::TestMount;
 use crate::support::faults::{Fault, Rule};
-use crate::support::{assert_mirror, content, files, has_ready, wait_until, Run, Server, MIB};
+use crate::support::{
+    assert_mirror, content, files, has_ready, records_durable_parts, wait_until, Run, Server, MIB,
+};
 
 /// Free bytes of the filesystem holding `path`.
 fn free_bytes(path: &Path) -> u64 {
@@ -159,9 +161,18 @@ fn a_write_into_a_full_disk_stops_the_run_and_gives_back_the_room_it_reserved() 
         .spawn()
         .unwrap();
     let partial = dest.join(".a.bin.partial");
-    wait_until("a.bin is preallocated", Duration::from_secs(20), || {
-        partial.exists() && allocated(&partial) >= 16 * MIB as u64
-    });
+    let journal = dest.join(".hydrator/manifest.journal");
+    // On a loaded machine the two parts may arrive after the preallocation: the disk fills
+    // only once they are recorded durable, as the test means.
+    wait_until(
+        "a.bin is preallocated and two parts are durable",
+        Duration::from_secs(30),
+        || {
+            partial.exists()
+                && allocated(&partial) >= 16 * MIB as u64
+                && records_durable_parts(&journal)
+        },
+    );
     let filler = fill_up(&fs.path, 0);
     let run = finished(child.wait_with_output().unwrap());
     run.assert_code(4);
