@@ -78,7 +78,13 @@ pub(crate) async fn run(args: CsiArgs) -> Result<Exit, SyncError> {
     let registration = args
         .registration_dir
         .as_deref()
-        .map(|registry| serve_registration(registry, &args.driver_name, &args.kubelet_endpoint))
+        .map(|registry| {
+            serve_registration(
+                registry,
+                &args.driver_name,
+                args.kubelet_endpoint.as_deref(),
+            )
+        })
         .transpose()?;
     tracing::info!(
         "CSI driver {} on node {} listening on unix:{}",
@@ -122,10 +128,10 @@ pub(crate) async fn run(args: CsiArgs) -> Result<Exit, SyncError> {
 fn serve_registration(
     registry: &Path,
     driver_name: &str,
-    kubelet_endpoint: &Option<PathBuf>,
+    kubelet_endpoint: Option<&Path>,
 ) -> Result<(tokio::task::JoinHandle<()>, PathBuf), UsageError> {
     let socket = registration::socket_in(registry, driver_name);
-    let kubelet_endpoint = kubelet_endpoint.clone().unwrap_or_else(|| {
+    let kubelet_endpoint = kubelet_endpoint.map(Path::to_path_buf).unwrap_or_else(|| {
         Path::new("/var/lib/kubelet/plugins")
             .join(driver_name)
             .join("csi.sock")
@@ -140,37 +146,15 @@ fn serve_registration(
         socket.display(),
         service.kubelet_endpoint.display()
     );
-    // Every connection through the relay that makes the kubelet's requests acceptable to
-    // tonic (see `authority`).
-    let (connections, relayed) = tokio::sync::mpsc::channel(16);
+    // Every connection goes through the relay that makes the kubelet's requests acceptable
+    // to tonic (see `authority`).
     let task = tokio::spawn(async move {
-        let accepting = async move {
-            while let Ok((kubelet, _)) = listener.accept().await {
-                let (ours, theirs) = tokio::io::duplex(64 * 1024);
-                tokio::spawn(async move {
-                    if let Err(err) = authority::relay(kubelet, ours).await {
-                        tracing::warn!("a registration connection ended: {err}");
-                    }
-                });
-                if connections
-                    .send(Ok::<_, std::io::Error>(authority::Relayed(theirs)))
-                    .await
-                    .is_err()
-                {
-                    break;
-                }
-            }
-        };
-        let serving = tonic::transport::Server::builder()
+        let served = tonic::transport::Server::builder()
             .add_service(RegistrationServer::new(service))
-            .serve_with_incoming(tokio_stream::wrappers::ReceiverStream::new(relayed));
-        tokio::select! {
-            _ = accepting => {}
-            served = serving => {
-                if let Err(err) = served {
-                    tracing::error!("serving registration: {err}");
-                }
-            }
+            .serve_with_incoming(authority::relayed(listener))
+            .await;
+        if let Err(err) = served {
+            tracing::error!("serving registration: {err}");
         }
     });
     Ok((task, socket))

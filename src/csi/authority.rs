@@ -18,8 +18,10 @@ use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use futures::Stream;
 use loona_hpack::{Decoder, Encoder};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream, ReadBuf};
+use tokio::net::{UnixListener, UnixStream};
 use tonic::transport::server::Connected;
 
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -37,8 +39,32 @@ const MAX_READ: usize = 1 << 20;
 const AUTHORITY: &[u8] = b":authority";
 const LOCALHOST: &[u8] = b"localhost";
 
+/// Room for the bytes in flight between the relay and the server, each way.
+const RELAY_BUFFER: usize = 64 * 1024;
+
+/// The connections `listener` accepts, each through its relay: what the server serves. Ends
+/// at the first error accepting, as the plugin's own listener does.
+pub(crate) fn relayed(listener: UnixListener) -> impl Stream<Item = io::Result<Relayed>> {
+    futures::stream::unfold(listener, |listener| async move {
+        let kubelet = match listener.accept().await {
+            Ok((kubelet, _)) => kubelet,
+            Err(err) => {
+                tracing::error!("accepting registration connections: {err}");
+                return None;
+            }
+        };
+        let (ours, theirs) = tokio::io::duplex(RELAY_BUFFER);
+        tokio::spawn(async move {
+            if let Err(err) = relay(kubelet, ours).await {
+                tracing::warn!("a registration connection ended: {err}");
+            }
+        });
+        Some((Ok(Relayed(theirs)), listener))
+    })
+}
+
 /// The server's end of one relayed connection.
-pub(crate) struct Relayed(pub DuplexStream);
+pub(crate) struct Relayed(DuplexStream);
 
 impl Connected for Relayed {
     type ConnectInfo = ();
@@ -75,7 +101,7 @@ impl AsyncWrite for Relayed {
 }
 
 /// Relays one kubelet connection to `server` until either side closes it.
-pub(crate) async fn relay(client: tokio::net::UnixStream, server: DuplexStream) -> io::Result<()> {
+async fn relay(client: UnixStream, server: DuplexStream) -> io::Result<()> {
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = tokio::io::split(server);
     let answers = async {
