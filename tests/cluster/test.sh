@@ -54,6 +54,19 @@ finish() {
 trap finish EXIT
 fail() { echo "cluster test FAILED: $*" >&2; exit 1; }
 ok() { echo "ok: $*"; }
+# What the waits below ask, again and again.
+registered() {
+    kube get csinode "$NODE" -o jsonpath='{.spec.drivers[*].name}' | grep -qw cache.hydrator.dev
+}
+logs() { kube -n "${2:-cluster-tests}" logs "$1" -c trainer 2>/dev/null || true; }
+logged() { logs "$1" | grep -q "$2"; } # POD PATTERN
+leases() { curl -sf --unix-socket /run/hydrator/hydrator.sock http://daemon/v1/leases; }
+lease_gone() { local held; held=$(leases) && ! grep -q "$1" <<<"$held"; } # a daemon that answers
+abnormal() { # POD: the message of its VolumeConditionAbnormal event, if any
+    kube -n cluster-tests get events --field-selector "involvedObject.name=$1,reason=VolumeConditionAbnormal" \
+        -o jsonpath='{.items[*].message}' 2>/dev/null
+}
+reported_abnormal() { [[ -n "$(abnormal "$1")" ]]; }
 
 # The image built from this tree, saved for containerd.
 step=$SECONDS
@@ -110,9 +123,7 @@ kube -n hydrator-system rollout status ds/hydrator --timeout=180s >/dev/null \
     || fail "the DaemonSet's pod did not become ready"
 ok "kubectl apply -k: the DaemonSet's pod runs the daemon and the CSI plugin, ready in $((SECONDS - applied_at)) s"
 wait_for "the CSI driver's registration with the kubelet" 60 \
-    sh -c "'$BIN/kubectl' --kubeconfig '$STATE/admin.kubeconfig' get csinode $NODE \
-        -o jsonpath='{.spec.drivers[*].name}' | grep -qw cache.hydrator.dev" \
-    || fail "the kubelet did not register cache.hydrator.dev"
+    registered || fail "the kubelet did not register cache.hydrator.dev"
 ok "the plugin registered with the kubelet: CSINode $NODE lists cache.hydrator.dev"
 
 # Pods of the tests: a namespace enforcing Restricted, a trainer that hashes its dataset and
@@ -155,16 +166,12 @@ spec:
       csi: {driver: cache.hydrator.dev, readOnly: true, volumeAttributes: {$attributes}}
 YAML
 }
-logs() { kube -n "${2:-cluster-tests}" logs "$1" -c trainer 2>/dev/null || true; }
 hashes() { logs "$1" "${2:-cluster-tests}" | grep -E '^[0-9a-f]{64}  \./' || true; }
-leases() { curl -sf --unix-socket /run/hydrator/hydrator.sock http://daemon/v1/leases; }
 
 # 2. A ready volume.
 started=$SECONDS
 pod ready-reader imagenet
-wait_for "ready-reader's hashes" 240 sh -c "'$BIN/kubectl' --kubeconfig '$STATE/admin.kubeconfig' \
-    -n cluster-tests logs ready-reader -c trainer 2>/dev/null | grep -q '^hashed'" \
-    || fail "ready-reader never hashed its dataset"
+wait_for "ready-reader's hashes" 240 logged ready-reader '^hashed' || fail "ready-reader never hashed its dataset"
 apply_to_reading=$((SECONDS - started))
 diff <(hashes ready-reader) "$work/imagenet.sha" >/dev/null \
     || fail "ready-reader's dataset differs from MinIO's: $(diff <(hashes ready-reader) "$work/imagenet.sha" | head -5)"
@@ -175,21 +182,16 @@ leases | grep -q "$reader_uid" || fail "no lease held for ready-reader ($reader_
 
 # 3. A lazy volume: the pod starts while coco hydrates.
 pod lazy-reader coco lazy
-wait_for "lazy-reader's start" 120 sh -c "'$BIN/kubectl' --kubeconfig '$STATE/admin.kubeconfig' \
-    -n cluster-tests logs lazy-reader -c trainer 2>/dev/null | grep -q '^start:'" \
-    || fail "lazy-reader did not start"
+wait_for "lazy-reader's start" 120 logged lazy-reader '^start:' || fail "lazy-reader did not start"
 logs lazy-reader | grep -qx "start: not READY" \
     || fail "the lazy pod started only once the dataset was READY: $(logs lazy-reader | head -3)"
-wait_for "lazy-reader's hashes" 240 sh -c "'$BIN/kubectl' --kubeconfig '$STATE/admin.kubeconfig' \
-    -n cluster-tests logs lazy-reader -c trainer 2>/dev/null | grep -q '^hashed'" \
-    || fail "lazy-reader never hashed its dataset"
+wait_for "lazy-reader's hashes" 240 logged lazy-reader '^hashed' || fail "lazy-reader never hashed its dataset"
 diff <(hashes lazy-reader) "$work/coco.sha" >/dev/null || fail "lazy-reader's dataset differs from MinIO's"
 ok "a start: lazy csi volume: the pod started before READY and read coco byte for byte"
 
 # 2b. Deleting the ready pod unpublishes its volume and releases its lease.
 kube -n cluster-tests delete pod ready-reader --wait=true --timeout=120s >/dev/null
-wait_for "ready-reader's lease released" 60 sh -c "! curl -sf --unix-socket /run/hydrator/hydrator.sock \
-    http://daemon/v1/leases | grep -q '$reader_uid'" || fail "the lease outlived its pod: $(leases)"
+wait_for "ready-reader's lease released" 60 lease_gone "$reader_uid" || fail "the lease outlived its pod: $(leases)"
 grep -q "/var/lib/kubelet/pods/$reader_uid/" /proc/mounts && fail "ready-reader's volume is still mounted"
 ok "deleting the pod unpublished its volume and released its lease"
 
@@ -198,9 +200,7 @@ ok "deleting the pod unpublished its volume and released its lease"
 pod ready-reader imagenet
 pod rollout-reader places lazy
 for reader in ready-reader rollout-reader; do
-    wait_for "$reader's first read" 120 sh -c "'$BIN/kubectl' --kubeconfig '$STATE/admin.kubeconfig' \
-        -n cluster-tests logs $reader -c trainer 2>/dev/null | grep -q '^start:'" \
-        || fail "$reader did not start"
+    wait_for "$reader's first read" 120 logged "$reader" '^start:' || fail "$reader did not start"
 done
 logs rollout-reader | grep -qx "start: not READY" || fail "places was READY before the rollout"
 rollout() { # what
@@ -232,13 +232,7 @@ rollout "catalog edit"
 
 # 5. Volume health: the lazy view that ended with its plugin is reported abnormal in the pod's
 # events (the kubelet's CSIVolumeHealth, from NodeGetVolumeStats).
-abnormal() {
-    kube -n cluster-tests get events --field-selector "involvedObject.name=$1,reason=VolumeConditionAbnormal" \
-        -o jsonpath='{.items[0].message}' 2>/dev/null
-}
-wait_for "a VolumeConditionAbnormal event on rollout-reader" 120 sh -c "test -n \"\$(
-    '$BIN/kubectl' --kubeconfig '$STATE/admin.kubeconfig' -n cluster-tests get events \
-    --field-selector involvedObject.name=rollout-reader,reason=VolumeConditionAbnormal -o name)\"" \
+wait_for "a VolumeConditionAbnormal event on rollout-reader" 120 reported_abnormal rollout-reader \
     || fail "the lazy volume whose view ended shows no VolumeConditionAbnormal event"
 ok "volume health: the pod's events say: $(abnormal rollout-reader)"
 kube delete namespace cluster-tests --wait=true --timeout=120s >/dev/null

@@ -76,13 +76,11 @@ launch kube-apiserver "$BIN/kube-apiserver" --etcd-servers "http://127.0.0.1:$ET
     --allow-privileged=true --service-cluster-ip-range 10.96.0.0/16 \
     --kubelet-preferred-address-types InternalIP \
     --service-account-issuer https://kubernetes.default.svc \
-    --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
-    --feature-gates CSIVolumeHealth=true
+    --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key"
 wait_for "the API server" 120 kube get --raw /readyz
 launch kube-controller-manager "$BIN/kube-controller-manager" --kubeconfig "$STATE/admin.kubeconfig" \
     --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
-    --leader-elect=false --bind-address 127.0.0.1 --secure-port 0 \
-    --feature-gates CSIVolumeHealth=true
+    --leader-elect=false --bind-address 127.0.0.1 --secure-port 0
 launch kube-scheduler "$BIN/kube-scheduler" --kubeconfig "$STATE/admin.kubeconfig" \
     --leader-elect=false --bind-address 127.0.0.1 --secure-port 0
 
