@@ -50,7 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare  # noqa: E402  (MinIO, its binaries, the machine's description)
 
 REPO = compare.REPO
-MiB = 1 << 20
+MiB = compare.MiB
+log = compare.log
 ALIAS = "depot"  # what the tools use, through the proxy
 DIRECT = "direct"  # the harness's own uploads, around the proxy
 BUCKET = "bench"
@@ -61,10 +62,6 @@ BIG = ("big.bin", 192 * MiB)
 TIMEOUT = 300  # seconds a run may take before the harness kills it
 REPLACE_RATE = 16 * MiB  # slower, so that the new object is in place well before the end
 GONE_WAIT = 90  # seconds a run is watched after the server went away
-
-
-def log(*args):
-    print(*args, file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------- the counting proxy
