@@ -13,7 +13,8 @@
 //! - Space is reserved before a hydration downloads, and whole unleased snapshots are evicted
 //!   least recently used first ([`evict`]).
 //! - The disk is the truth: on start, the registry is rebuilt from the directories and
-//!   interrupted hydrations resume from their manifests ([`recover`]).
+//!   interrupted hydrations resume from their manifests, every one a lease pins among them
+//!   ([`recover`]).
 
 mod access;
 pub(crate) mod api;
@@ -169,7 +170,7 @@ impl Daemon {
 pub(crate) async fn run(catalog_path: &Path) -> Result<Exit, SyncError> {
     let catalog = catalog::load(catalog_path, |k| std::env::var(k).ok())?;
     let root = catalog.cache.root.clone();
-    let (registry, resumable) = recover::scan(&root, &catalog)
+    let registry = recover::scan(&root, &catalog)
         .map_err(|e| UsageError::new(format!("cache root {}: {e}", root.display())))?;
     let rates = crate::engine::rate::Rates::new(
         catalog.cache.max_bandwidth,
@@ -197,10 +198,9 @@ pub(crate) async fn run(catalog_path: &Path) -> Result<Exit, SyncError> {
     let saver = tokio::spawn(saver::StateSaver::run(daemon.clone()));
     {
         let mut registry = daemon.registry();
-        for (name, snapshot) in resumable {
-            let dataset = daemon.catalog().datasets[&name].clone();
-            tracing::info!(dataset = %name, "resuming the hydration of snapshot {}", snapshot.digest);
-            flight::start(&daemon, &mut registry, &name, dataset, Some(snapshot));
+        let names: Vec<String> = registry.datasets.keys().cloned().collect();
+        for name in names {
+            flight::resume_next(&daemon, &mut registry, &name);
         }
     }
     daemon.prewarm();

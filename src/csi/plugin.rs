@@ -45,7 +45,8 @@ use super::target::{self, Target};
 use super::volumes::{self, Volume, Volumes};
 use crate::daemon::catalog::Start;
 use crate::daemon::protocol::{
-    DatasetStatus, Lease, LeaseRequest, PodIdentity, State, WarmRequest, UNTIL_RELEASED,
+    Condition, DatasetStatus, Lease, LeaseRequest, LeaseStatus, PodIdentity, State, WarmRequest,
+    UNTIL_RELEASED,
 };
 use crate::daemon_client::{explain, percent_encode, CallError, Client};
 use crate::mounts::Mounted;
@@ -449,9 +450,10 @@ impl Plugin {
     }
 
     /// The usage and condition of volume `id` published at `path`: abnormal when it is a lazy
-    /// view that no process serves any more and its ready snapshot was not bound over it (the
-    /// kubelet, with volume health on, puts the message in the pod's events).
-    pub(crate) fn stats(
+    /// view that no process serves any more, or whose snapshot the daemon cannot serve whole,
+    /// and its ready snapshot was not bound over it (the kubelet, with volume health on, puts
+    /// the message in the pod's events).
+    pub(crate) async fn stats(
         &self,
         id: &str,
         path: &Path,
@@ -481,6 +483,9 @@ impl Plugin {
                 },
             ));
         }
+        if let Some(condition) = self.lease_condition(&volume, bound_over).await {
+            return Ok((Vec::new(), condition));
+        }
         let fs = rustix::fs::statvfs(path)
             .map_err(|err| Status::internal(format!("statfs of {}: {err}", path.display())))?;
         let usage = |unit: volume_usage::Unit, total: u64, available: u64| VolumeUsage {
@@ -509,6 +514,32 @@ impl Plugin {
                 message: format!("snapshot {} of {}: {how}", volume.snapshot, volume.dataset),
             },
         ))
+    }
+
+    /// The abnormal condition of a lazy view whose snapshot the daemon cannot serve whole: its
+    /// hydration ended short (an object changed upstream, say) or the snapshot is gone. `None`
+    /// when it can, when the ready snapshot is bound over the view, or when the daemon does not
+    /// answer (opens wait for it).
+    async fn lease_condition(&self, volume: &Volume, bound_over: bool) -> Option<VolumeCondition> {
+        if !volume.lazy || bound_over {
+            return None;
+        }
+        let (code, body) = (self.client.call(Method::GET, "/v1/leases", None).await).ok()?;
+        let leases: Vec<LeaseStatus> = serde_json::from_slice(&body).ok()?;
+        let held = leases.into_iter().find(|l| l.lease.holder == volume.holder);
+        let why = match held.filter(|_| code == StatusCode::OK)?.condition {
+            Condition::Failed { reason } => format!("its hydration ended short: {reason}"),
+            Condition::Gone => "the node daemon holds it no more".to_string(),
+            Condition::Hydrating | Condition::Ready => return None,
+        };
+        let message = format!(
+            "snapshot {} of {}: {why}; opens of the files that did not land fail (EIO)",
+            volume.snapshot, volume.dataset
+        );
+        Some(VolumeCondition {
+            abnormal: true,
+            message,
+        })
     }
 
     /// Binds its ready snapshot over each lazy view this process serves whose hydration is

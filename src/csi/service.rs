@@ -136,7 +136,7 @@ impl Node for NodeService {
             }
         }
         let path = Path::new(&request.volume_path);
-        let (usage, condition) = self.plugin.stats(&request.volume_id, path)?;
+        let (usage, condition) = self.plugin.stats(&request.volume_id, path).await?;
         Ok(Response::new(NodeGetVolumeStatsResponse {
             usage,
             volume_condition: Some(condition),

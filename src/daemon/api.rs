@@ -285,17 +285,20 @@ async fn want(
         let flight = entry
             .and_then(|e| e.flight.as_ref())
             .filter(|f| f.info().snapshot.as_deref() == Some(&request.snapshot));
-        match flight.and_then(|f| f.schedule.get()) {
-            Some(schedule) => schedule.want(&request.key),
-            None if entry.is_some_and(|e| e.ready.contains_key(&request.snapshot)) => {
+        let unfinished = entry.and_then(|e| e.unfinished.get(&request.snapshot));
+        match (flight.and_then(|f| f.schedule.get()), unfinished) {
+            (Some(schedule), _) => schedule.want(&request.key),
+            _ if entry.is_some_and(|e| e.ready.contains_key(&request.snapshot)) => {
                 Wanted::Now(Ok(()))
             }
-            None if entry.is_some_and(|e| e.failure.is_some() && e.flight.is_none()) => {
+            // Its ended hydration answers, unless it is hydrated again (then 409: ask again).
+            (None, Some(unfinished)) if flight.is_none() => unfinished.want(&request.key),
+            _ if entry.is_some_and(|e| e.failure.is_some() && e.flight.is_none()) => {
                 let failure = entry.and_then(|e| e.failure.as_ref());
                 let reason = failure.map(ToString::to_string).unwrap_or_default();
                 Wanted::Now(Err(format!("the hydration failed: {reason}").into()))
             }
-            None => {
+            _ => {
                 return error(
                     StatusCode::CONFLICT,
                     format!(
@@ -500,9 +503,8 @@ fn lease_refused(name: &str, holder: &str, refused: LeaseRefused) -> Response {
 async fn leases(State(daemon): Shared, caller: Extension<Caller>) -> Response {
     let leases: Vec<_> = daemon
         .registry()
-        .live_leases(registry::now_unix())
-        .filter(|lease| caller.may_use(&lease.dataset))
-        .cloned()
+        .lease_statuses(registry::now_unix())
+        .filter(|status| caller.may_use(&status.lease.dataset))
         .collect();
     Json(leases).into_response()
 }

@@ -1,6 +1,8 @@
 //! Keeping the cache under its quota and above the free-space floor: space is reserved before
 //! a hydration downloads anything, and whole snapshots that are complete, unleased and not in
-//! use by a hydration are evicted, least recently used first, when room is needed. Nothing is
+//! use by a hydration are evicted, least recently used first, when room is needed. An
+//! incomplete snapshot is never evicted: one whose hydration ended short stays while a lease
+//! pins it, and is removed by the first maintenance pass after its lease is gone. Nothing is
 //! evicted when evicting everything allowed would still not make enough room; the hydration
 //! then fails with the numbers.
 //!
@@ -48,9 +50,38 @@ pub(crate) async fn maintain(daemon: &Arc<Daemon>) {
         tracing::info!("{expired} leases expired");
         daemon.state_changed();
     }
+    drop_unfinished(daemon).await;
     let _space = daemon.space.lock().await;
     if let Err(why) = make_room(daemon, None).await {
         tracing::warn!("cannot keep the cache within its limits: {why}");
+    }
+}
+
+/// Removes the snapshots whose hydration ended short once nothing pins them any more (their
+/// lease released or expired): kept only for the view that read them.
+async fn drop_unfinished(daemon: &Arc<Daemon>) {
+    let now = registry::now_unix();
+    let doomed: Vec<(String, String)> = {
+        let mut registry = daemon.registry();
+        let unpinned: Vec<(String, String)> = (registry.datasets.iter())
+            .flat_map(|(name, entry)| entry.unfinished.keys().map(|d| (name.clone(), d.clone())))
+            .filter(|(name, digest)| !registry.pinned(name, digest, now))
+            .collect();
+        for (name, digest) in &unpinned {
+            if let Some(entry) = registry.datasets.get_mut(name) {
+                entry.unfinished.remove(digest);
+                entry.changed_on_disk();
+            }
+        }
+        unpinned
+    };
+    for (name, digest) in doomed {
+        tracing::info!(dataset = %name, "removing the incomplete snapshot {digest}: no lease pins it any more");
+        let root = daemon.root.clone();
+        let removed = blocking(move || remove_snapshot(&root, &name, &digest)).await;
+        if let Err(err) = removed {
+            tracing::warn!("removing an incomplete snapshot: {err}");
+        }
     }
 }
 

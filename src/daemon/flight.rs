@@ -6,6 +6,11 @@
 //! under the daemon's shared request and buffer budget. The engine dispatches by a
 //! [`Schedule`], so the opens of lazy views (`POST .../want`) go first and steer what follows;
 //! with none it fetches in listing order.
+//!
+//! The interrupted hydrations found at start wait in their dataset's queue and run one after
+//! another ([`resume_next`]), older leased snapshots before the dataset's refresh. A hydration
+//! that ends short leaves its snapshot, while a lease pins it, as unfinished: what it fetched is
+//! served, and the rest is answered with why.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -17,14 +22,14 @@ use super::error::HydrationError;
 use super::link;
 use super::metrics::HydrationResult;
 use super::protocol::{DatasetStatus, Phase};
-use super::registry::{self, Flight, ReadySnapshot};
+use super::registry::{self, Flight, ReadySnapshot, Resume, Unfinished};
 use super::Daemon;
 use crate::config::SyncConfig;
 use crate::engine::{self, schedule::Schedule, stats::Stats, Hooks};
 use crate::error::{Exit, IoContext, SyncError};
 use crate::p2p::dfdaemon::Dfdaemon;
 use crate::plan::keys::{plan_key, KeyPlan, Placement};
-use crate::snapshot::{self, Snapshot};
+use crate::snapshot;
 use crate::source::client;
 use crate::write::dest::Dest;
 
@@ -68,17 +73,41 @@ pub(crate) fn warm(daemon: &Arc<Daemon>, name: &str, dataset: &Dataset) -> Warm 
     Warm::Hydrating(receiver)
 }
 
+/// Starts the next interrupted hydration of `name` waiting for its turn, if any; one whose
+/// dataset left the catalog meanwhile is kept as unfinished when a lease pins it.
+pub(crate) fn resume_next(daemon: &Arc<Daemon>, registry: &mut registry::Registry, name: &str) {
+    while let Some(resume) = (registry.datasets.get_mut(name)).and_then(|e| e.queued.pop_front()) {
+        let digest = resume.snapshot.digest.clone();
+        let Some(dataset) = daemon.catalog().datasets.get(name).cloned() else {
+            if registry.leased(name, &digest, registry::now_unix()) {
+                let reason = "its dataset left the catalog before it was resumed".to_string();
+                let entry = registry.datasets.entry(name.to_string()).or_default();
+                let unfinished = Unfinished {
+                    reason,
+                    schedule: None,
+                };
+                entry.unfinished.insert(digest, unfinished);
+            }
+            continue;
+        };
+        tracing::info!(dataset = %name, "resuming the hydration of snapshot {digest}");
+        start(daemon, registry, name, dataset, Some(resume));
+        return;
+    }
+}
+
 /// Starts a hydration of `name` (of `resume`, a snapshot found half-done on disk, if given).
 pub(crate) fn start(
     daemon: &Arc<Daemon>,
     registry: &mut registry::Registry,
     name: &str,
     dataset: Dataset,
-    resume: Option<Arc<Snapshot>>,
+    resume: Option<Resume>,
 ) -> tokio::sync::watch::Receiver<bool> {
     let entry = registry.datasets.entry(name.to_string()).or_default();
     let flight = Flight::new();
     flight.info().link_source = entry.current.clone();
+    flight.info().for_lease = resume.as_ref().is_some_and(|r| r.for_lease);
     entry.flight = Some(flight.clone());
     let receiver = flight.done.subscribe();
     let (daemon, name) = (daemon.clone(), name.to_string());
@@ -102,8 +131,9 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "no message".into())
 }
 
-/// Books the end of a hydration and wakes its waiters.
-fn finish(daemon: &Daemon, name: &str, flight: &Flight, result: Result<Done, HydrationError>) {
+/// Books the end of a hydration, starts the next one waiting for the dataset and wakes the
+/// waiters.
+fn finish(daemon: &Arc<Daemon>, name: &str, flight: &Flight, result: Result<Done, HydrationError>) {
     let seconds = flight.started.elapsed().as_secs_f64();
     if let Some(schedule) = flight.schedule.get() {
         match &result {
@@ -122,31 +152,60 @@ fn finish(daemon: &Daemon, name: &str, flight: &Flight, result: Result<Done, Hyd
     );
     {
         let mut registry = daemon.registry();
+        let stopping = *daemon.stop.borrow();
+        let (digest, for_lease) = {
+            let info = flight.info();
+            (info.snapshot.clone(), info.for_lease)
+        };
+        let unfinished = match (&result, &digest) {
+            (Err(reason), Some(digest)) if !stopping => {
+                (registry.leased(name, digest, registry::now_unix())).then(|| Unfinished {
+                    reason: reason.to_string(),
+                    schedule: flight.schedule.get().cloned(),
+                })
+            }
+            _ => None,
+        };
         let entry = registry.datasets.entry(name.to_string()).or_default();
         entry.flight = None;
         entry.changed_on_disk();
-        match result {
+        if let (Some(digest), Some(unfinished)) = (&digest, unfinished) {
+            tracing::warn!(
+                dataset = name,
+                "the leased snapshot {digest} stays incomplete"
+            );
+            entry.unfinished.insert(digest.clone(), unfinished);
+        }
+        let ended = match result {
             Ok(done) => {
+                entry.unfinished.remove(&done.digest);
                 entry.ready.insert(done.digest.clone(), done.ready);
-                entry.current = Some(done.digest);
-                entry.checked_at = Some(std::time::Instant::now());
-                entry.refreshed_at = Some(crate::units::now_rfc3339());
-                (entry.failure, entry.failures, entry.failed_at) = (None, 0, None);
+                // A leased snapshot resumed behind a newer one: the dataset serves its own.
+                if !for_lease || entry.current.is_none() {
+                    entry.current = Some(done.digest);
+                    entry.checked_at = Some(std::time::Instant::now());
+                    entry.refreshed_at = Some(crate::units::now_rfc3339());
+                    (entry.failure, entry.failures, entry.failed_at) = (None, 0, None);
+                }
                 tracing::info!(dataset = name, "ready in {seconds:.1} s");
-                daemon
-                    .metrics
-                    .hydration_finished(name, HydrationResult::Complete, seconds);
+                HydrationResult::Complete
             }
             // Cut short by this daemon's own stop: not the dataset's failure. Waiting clients
             // see no end and ask the next daemon, which resumes it.
-            Err(reason) if *daemon.stop.borrow() => {
+            Err(reason) if stopping => {
                 tracing::info!(
                     dataset = name,
                     "hydration stopped with the daemon: {reason}"
                 );
-                daemon
-                    .metrics
-                    .hydration_finished(name, HydrationResult::Stopped, seconds);
+                HydrationResult::Stopped
+            }
+            // Its reason is the leased snapshot's condition, not the dataset's failure.
+            Err(reason) if for_lease => {
+                tracing::error!(
+                    dataset = name,
+                    "an older snapshot resumed for its lease did not complete: {reason}"
+                );
+                HydrationResult::Failed
             }
             Err(reason) => {
                 match entry.current {
@@ -159,10 +218,12 @@ fn finish(daemon: &Daemon, name: &str, flight: &Flight, result: Result<Done, Hyd
                 entry.failure = Some(reason);
                 entry.failures += 1;
                 entry.failed_at = Some(std::time::Instant::now());
-                daemon
-                    .metrics
-                    .hydration_finished(name, HydrationResult::Failed, seconds);
+                HydrationResult::Failed
             }
+        };
+        daemon.metrics.hydration_finished(name, ended, seconds);
+        if !stopping {
+            resume_next(daemon, &mut registry, name);
         }
     }
     daemon.state_changed();
@@ -203,7 +264,7 @@ async fn hydrate(
     name: &str,
     dataset: &Dataset,
     flight: &Flight,
-    resume: Option<Arc<Snapshot>>,
+    resume: Option<Resume>,
 ) -> Result<Done, HydrationError> {
     let _permit = daemon
         .hydrations
@@ -219,7 +280,10 @@ async fn hydrate(
         .sync_config(Default::default(), concurrency)
         .map_err(SyncError::from)?;
     flight.set_phase(Phase::Listing);
-    let snapshot = match resume.or_else(|| dataset.pinned.clone()) {
+    let snapshot = match resume
+        .map(|r| r.snapshot)
+        .or_else(|| dataset.pinned.clone())
+    {
         Some(snapshot) => snapshot,
         None => {
             let client =

@@ -3,6 +3,9 @@
 //! hard-linked into the new directory and recorded there as published, so the engine skips it
 //! and only changed objects are downloaded.
 //!
+//! A resumed snapshot may hold a `.partial` download of an object it now gets linked: that
+//! partial is removed with the link, so the complete directory holds exactly the listing.
+//!
 //! Sharing inodes is safe because hydrator never writes a published file in place: new data
 //! goes to a `.partial` file that is renamed over the name, which leaves the old inode, and so
 //! a reader of the old snapshot, untouched.
@@ -74,6 +77,9 @@ pub(crate) fn link_unchanged(
             Err(err) if err.kind() == io::ErrorKind::AlreadyExists => continue,
             Err(err) => return Err(err),
         }
+        // An interrupted run of this snapshot (resumed after a restart) may have left the
+        // object's download half done: the linked file replaces it.
+        to.unlink(rel.partial_name())?;
         let state = ObjectState {
             parts: Default::default(),
             complete: None,

@@ -200,6 +200,29 @@ pub(crate) struct Lease {
     pub pod: Option<String>,
 }
 
+/// Where the snapshot a lease pins stands on this node: what a view of it can serve.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub(crate) enum Condition {
+    /// Being hydrated, or waiting for its turn to resume: opens wait for their files.
+    Hydrating,
+    /// Complete and verified.
+    Ready,
+    /// Its hydration ended without completing (an object changed upstream, say): the files
+    /// that landed are served, the others fail with `reason`.
+    Failed { reason: String },
+    /// Not on this node: every open of a file not yet local fails.
+    Gone,
+}
+
+/// A lease in `GET /v1/leases`, with the condition of the snapshot it pins.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct LeaseStatus {
+    #[serde(flatten)]
+    pub lease: Lease,
+    pub condition: Condition,
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct ErrorBody {
     pub error: String,

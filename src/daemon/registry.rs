@@ -13,7 +13,7 @@
 //! ready exactly when its READY marker says so), and only what the disk cannot tell (leases
 //! and when each snapshot was last used) is kept in `ROOT/.daemon/state.json`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -24,12 +24,13 @@ use tokio::sync::watch;
 
 use super::error::HydrationError;
 use super::identity::Caller;
-use super::protocol::{DatasetStatus, Lease, Phase, Progress, State};
+use super::protocol::{Condition, DatasetStatus, Lease, LeaseStatus, Phase, Progress, State};
 use super::space::Usage;
 use crate::engine::retry::Backoff;
-use crate::engine::schedule::Schedule;
+use crate::engine::schedule::{Schedule, Wanted};
 use crate::engine::stats::Stats;
 use crate::fs;
+use crate::snapshot::Snapshot;
 
 /// The daemon's own directory under the cache root.
 pub(crate) const DAEMON_DIR: &str = ".daemon";
@@ -62,6 +63,34 @@ pub(crate) struct FlightInfo {
     pub link_source: Option<String>,
     /// Bytes reserved for it before it started downloading.
     pub reserved: u64,
+    /// It resumes an older snapshot for the lease that pins it, not the dataset's refresh:
+    /// once complete it does not replace the snapshot the dataset serves.
+    pub for_lease: bool,
+}
+
+/// An interrupted hydration found on disk at start, to resume from its manifest.
+pub(crate) struct Resume {
+    pub snapshot: Arc<Snapshot>,
+    /// An older snapshot resumed for the lease that pins it (a lazy view reads it).
+    pub for_lease: bool,
+}
+
+/// A snapshot a lease pins whose hydration ended without completing: kept on disk, its
+/// landed files served, the others answered with why.
+pub(crate) struct Unfinished {
+    pub reason: String,
+    /// What the ended hydration knew of each object, when it got as far as downloading.
+    pub schedule: Option<Arc<Schedule>>,
+}
+
+impl Unfinished {
+    /// A lazy view opens `key`: local if it landed, else why it cannot be had.
+    pub(crate) fn want(&self, key: &str) -> Wanted {
+        match &self.schedule {
+            Some(schedule) => schedule.want(key),
+            None => Wanted::Now(Err(self.reason.as_str().into())),
+        }
+    }
 }
 
 /// One hydration, shared by every request for its dataset.
@@ -130,6 +159,10 @@ pub(crate) struct DatasetEntry {
     pub disk_generation: u64,
     /// Whether the log said that its server does not list object versions (once is enough).
     pub unversioned_said: bool,
+    /// Interrupted hydrations waiting for the running one to end (leased ones first).
+    pub queued: VecDeque<Resume>,
+    /// Leased snapshots whose hydration ended without completing, by digest.
+    pub unfinished: BTreeMap<String, Unfinished>,
 }
 
 /// A dataset directory's disk use, measured in one walk.
@@ -328,9 +361,7 @@ impl Registry {
         if self.leases_unknown_until.is_some_and(|until| until > now) {
             return true;
         }
-        let leased = self
-            .live_leases_of(name, now)
-            .any(|lease| lease.snapshot == digest);
+        let leased = self.leased(name, digest, now);
         let in_flight = self
             .datasets
             .get(name)
@@ -341,6 +372,41 @@ impl Registry {
                     || info.link_source.as_deref() == Some(digest)
             });
         leased || in_flight
+    }
+
+    /// Whether a lease that has not expired by `now` pins snapshot `digest` of `name`.
+    pub(crate) fn leased(&self, name: &str, digest: &str, now: u64) -> bool {
+        self.live_leases_of(name, now)
+            .any(|lease| lease.snapshot == digest)
+    }
+
+    /// The condition of snapshot `digest` of `name`, as a view of it sees it.
+    pub(crate) fn condition(&self, name: &str, digest: &str) -> Condition {
+        let Some(entry) = self.datasets.get(name) else {
+            return Condition::Gone;
+        };
+        let hydrating = (entry.flight.as_ref())
+            .is_some_and(|f| f.info().snapshot.as_deref() == Some(digest))
+            || entry.queued.iter().any(|r| r.snapshot.digest == digest);
+        if entry.ready.contains_key(digest) {
+            Condition::Ready
+        } else if hydrating {
+            Condition::Hydrating
+        } else if let Some(unfinished) = entry.unfinished.get(digest) {
+            Condition::Failed {
+                reason: unfinished.reason.clone(),
+            }
+        } else {
+            Condition::Gone
+        }
+    }
+
+    /// The live leases, each with the condition of the snapshot it pins.
+    pub(crate) fn lease_statuses(&self, now: u64) -> impl Iterator<Item = LeaseStatus> + '_ {
+        self.live_leases(now).map(|lease| LeaseStatus {
+            condition: self.condition(&lease.dataset, &lease.snapshot),
+            lease: lease.clone(),
+        })
     }
 
     /// Takes or renews `holder`'s lease on `name`. A new lease pins the dataset's current
@@ -394,14 +460,17 @@ impl Registry {
             (None, Some(lease)) => lease.snapshot.clone(),
             (None, None) => entry.current.clone().ok_or(LeaseRefused::NotReady)?,
         };
-        let hydrating = entry
+        let on_disk = entry
             .flight
             .as_ref()
-            .is_some_and(|f| f.info().snapshot.as_deref() == Some(&digest));
+            .is_some_and(|f| f.info().snapshot.as_deref() == Some(&digest))
+            || entry.queued.iter().any(|r| r.snapshot.digest == digest)
+            || entry.unfinished.contains_key(&digest);
         match entry.ready.get_mut(&digest) {
             Some(ready) => ready.last_used = now_unix(),
-            // A lazy view reads the snapshot while it hydrates: leased like a ready one.
-            None if hydrating => {}
+            // A lazy view reads the snapshot while it hydrates (or its landed files once the
+            // hydration ended short): leased like a ready one.
+            None if on_disk => {}
             None => return Err(LeaseRefused::NoSuchSnapshot(digest)),
         }
         let pod = match ask.pod {
@@ -870,6 +939,44 @@ mod tests {
             registry.lease("zz", "a", None, 20, &ask(&me)).is_ok(),
             "caps are per dataset"
         );
+    }
+
+    #[test]
+    fn a_leased_snapshot_that_ended_short_keeps_its_lease_and_says_why() {
+        let mut registry = registry_with_ready();
+        let me = Caller::uid(1000);
+        let entry = registry.datasets.get_mut("ds").unwrap();
+        let unfinished = Unfinished {
+            reason: "1 objects failed; first: k: gone".into(),
+            schedule: None,
+        };
+        entry.unfinished.insert("short".into(), unfinished);
+        let lease = registry.lease("ds", "pod", Some("short"), 9, &ask(&me));
+        assert_eq!(
+            lease.unwrap().snapshot,
+            "short",
+            "renewable, not NoSuchSnapshot"
+        );
+        assert!(registry.pinned("ds", "short", 1));
+        let conditions: Vec<_> = ["old", "short", "none"]
+            .map(|digest| registry.condition("ds", digest))
+            .into();
+        assert_eq!(
+            conditions,
+            [
+                Condition::Ready,
+                Condition::Failed {
+                    reason: "1 objects failed; first: k: gone".into()
+                },
+                Condition::Gone
+            ]
+        );
+        let listed: Vec<_> = registry.lease_statuses(1).map(|l| l.condition).collect();
+        assert_eq!(listed, [conditions[1].clone()]);
+        match registry.datasets["ds"].unfinished["short"].want("k") {
+            Wanted::Now(Err(why)) => assert!(why.contains("k: gone"), "{why}"),
+            _ => panic!("answered at once, with why"),
+        }
     }
 
     #[test]

@@ -15,6 +15,7 @@ mod fleet;
 mod front_door;
 mod habits;
 mod https;
+mod leased;
 mod memory;
 mod minio;
 mod mount;
