@@ -12,7 +12,9 @@
 //! is recorded, so the next mount or sync resumes) and unmounts; an unmount from outside
 //! (`fusermount3 -u`, `umount`) ends the process the same way.
 
+pub(crate) mod backings;
 pub(crate) mod pinned;
+pub(crate) mod resume;
 pub(crate) mod tree;
 pub(crate) mod view;
 
