@@ -132,7 +132,8 @@ async fn view_of(
     }
     let listed: Vec<ObjectEntry> = frozen.entries.iter().map(Into::into).collect();
     let everything = KeyFilter::new(&[], &[]).map_err(std::io::Error::other)?;
-    let (tree, _) = Tree::of_listing(&frozen.prefix, &everything, &listed);
+    let (mut tree, _) = Tree::of_listing(&frozen.prefix, &everything, &listed);
+    tree.mark_lazy(dataset, snapshot);
     let wants = DaemonWants {
         client,
         path: format!("/v1/datasets/{}/want", percent_encode(dataset)),

@@ -19,6 +19,8 @@
 //!   file handle is never reused by a later process (numbered from the time its process
 //!   started), and a read or release of a handle this process did not give out is resolved by
 //!   its inode: the local file is opened again, never guessed.
+//! - The view's own marker, `.hydrator/LAZY` ([`Kind::Memory`]), is opened and read from memory,
+//!   never asking [`Wants`]: a trainer's gate on it cannot wait on the hydration.
 //! - The view is read-only and never changes while mounted: entries and attributes are cached
 //!   by the kernel for a day, file data keeps its page cache between opens, and a close sends
 //!   no flush (`FOPEN_NOFLUSH`): each file costs this process one open and one release.
@@ -165,6 +167,16 @@ impl Shared {
         let (kind, size, mtime, perm, nlink) = match &node.kind {
             Kind::Dir { .. } => (FileType::Directory, 0, SystemTime::UNIX_EPOCH, 0o555, 2),
             Kind::File(file) => (FileType::RegularFile, file.size, file.mtime, 0o444, 1),
+            Kind::Memory(bytes) => {
+                let size = bytes.len() as u64;
+                (
+                    FileType::RegularFile,
+                    size,
+                    SystemTime::UNIX_EPOCH,
+                    0o444,
+                    1,
+                )
+            }
         };
         Some(FileAttr {
             ino: INodeNo(ino),
@@ -188,8 +200,25 @@ impl Shared {
     fn file(&self, ino: u64) -> Option<&FileNode> {
         match &self.tree.node(ino)?.kind {
             Kind::File(file) => Some(file),
-            Kind::Dir { .. } => None,
+            Kind::Dir { .. } | Kind::Memory(_) => None,
         }
+    }
+
+    /// The bytes of `ino` when it is a file of the view's own.
+    fn memory(&self, ino: u64) -> Option<&[u8]> {
+        match &self.tree.node(ino)?.kind {
+            Kind::Memory(bytes) => Some(bytes),
+            Kind::Dir { .. } | Kind::File(_) => None,
+        }
+    }
+
+    /// Answers an open of a file of the view's own: its reads come here, by inode.
+    fn open_memory(&self, reply: ReplyOpen) {
+        let fh = self.next_handle.fetch_add(1, Relaxed);
+        reply.opened(
+            FileHandle(fh),
+            FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH,
+        );
     }
 
     fn open_mut(&self) -> std::sync::MutexGuard<'_, Open> {
@@ -362,6 +391,9 @@ impl Filesystem for LazyView {
             return reply.error(Errno::EROFS);
         }
         let shared = &self.shared;
+        if shared.memory(ino.0).is_some() {
+            return shared.open_memory(reply);
+        }
         let Some(file) = shared.file(ino.0) else {
             return reply.error(Errno::EISDIR);
         };
@@ -398,6 +430,9 @@ impl Filesystem for LazyView {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        if let Some(bytes) = self.shared.memory(ino.0) {
+            return reply.data(window(bytes, offset, size));
+        }
         let Some(file) = self.shared.handle_file(ino.0, fh.0) else {
             return reply.error(Errno::EIO);
         };
@@ -486,7 +521,7 @@ impl Filesystem for LazyView {
                 FileHandle(0),
                 FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
             ),
-            Some(Kind::File(_)) => reply.error(Errno::ENOTDIR),
+            Some(Kind::File(_) | Kind::Memory(_)) => reply.error(Errno::ENOTDIR),
             None => reply.error(Errno::ENOENT),
         }
     }
@@ -513,7 +548,7 @@ impl Filesystem for LazyView {
             .chain(entries.iter().map(|(name, ino)| (name.as_str(), *ino)));
         for (i, (name, entry)) in all.enumerate().skip(offset as usize) {
             let kind = match tree.node(entry).map(|n| &n.kind) {
-                Some(Kind::File(_)) => FileType::RegularFile,
+                Some(Kind::File(_) | Kind::Memory(_)) => FileType::RegularFile,
                 _ => FileType::Directory,
             };
             if reply.add(INodeNo(entry), i as u64 + 1, kind, name) {
@@ -529,4 +564,11 @@ impl Filesystem for LazyView {
         let files = tree.files() as u64;
         reply.statfs(blocks, 0, 0, files, 0, 4096, 255, 4096);
     }
+}
+
+/// The part of `bytes` a read at `offset` of `size` bytes gets.
+fn window(bytes: &[u8], offset: u64, size: u32) -> &[u8] {
+    let start = usize::try_from(offset).map_or(bytes.len(), |at| at.min(bytes.len()));
+    let end = start.saturating_add(size as usize).min(bytes.len());
+    &bytes[start..end]
 }

@@ -6,8 +6,9 @@
 #  2. a pod with an inline csi volume (`start: ready`) reads its dataset byte for byte; deleting
 #     it unpublishes the volume and releases the lease;
 #  3. a pod on a lazy volume starts before the dataset is READY and reads it whole;
-#  4. a rollout of the DaemonSet (new image, then a catalog edit) while pods read: what a pod on
-#     a ready volume and a pod on a lazy volume see is printed, and the ready one must read on;
+#  4. a rollout of the DaemonSet (new image) while pods read: what a pod on a ready volume and a
+#     pod on a lazy volume see is printed, and the ready one must read on; then a catalog edit,
+#     which rolls nothing (the ConfigMap keeps its name): the same pod reloads the catalog;
 #  5. volume health: that lazy volume, whose view ended with its plugin, shows in the pod's
 #     events;
 #  6. every example under k8s/examples/ runs to completion (tests/cluster/overlays/EXAMPLE),
@@ -60,6 +61,8 @@ registered() {
 }
 logs() { kube -n "${2:-cluster-tests}" logs "$1" -c trainer 2>/dev/null || true; }
 logged() { logs "$1" | grep -q "$2"; } # POD PATTERN
+daemon_pod() { kube -n hydrator-system get pods -l app.kubernetes.io/name=hydrator -o jsonpath='{.items[*].metadata.uid}'; }
+reloaded() { kube -n hydrator-system logs ds/hydrator -c daemon 2>/dev/null | grep -q 'catalog reloaded'; }
 leases() { curl -sf --unix-socket /run/hydrator/hydrator.sock http://daemon/v1/leases; }
 lease_gone() { local held; held=$(leases) && ! grep -q "$1" <<<"$held"; } # a daemon that answers
 abnormal() { # POD: the message of its VolumeConditionAbnormal event, if any
@@ -195,8 +198,9 @@ wait_for "ready-reader's lease released" 60 lease_gone "$reader_uid" || fail "th
 grep -q "/var/lib/kubelet/pods/$reader_uid/" /proc/mounts && fail "ready-reader's volume is still mounted"
 ok "deleting the pod unpublished its volume and released its lease"
 
-# 4. A rollout while pods read: a new image, then a catalog edit. The ready volume is a bind
-# mount and must read on; the lazy one (places, still hydrating) is served by the plugin.
+# 4. A rollout while pods read: a new image. The ready volume is a bind mount and must read on;
+# the lazy one (places, still hydrating) is served by the plugin. Then a catalog edit, which
+# must roll nothing.
 pod ready-reader imagenet
 pod rollout-reader places lazy
 for reader in ready-reader rollout-reader; do
@@ -220,15 +224,22 @@ ctr -n k8s.io images tag "$HYDRATOR_IMAGE" "${HYDRATOR_IMAGE}-2" >/dev/null
 kube -n hydrator-system set image ds/hydrator "daemon=${HYDRATOR_IMAGE}-2" "csi=${HYDRATOR_IMAGE}-2" >/dev/null
 rollout "image change"
 # The catalog edit as a platform team makes it: the file changes, `kubectl apply -k` again.
-# A copy keeps the overlay's relative path to k8s/ (kustomize takes no absolute one).
+# A copy keeps the overlay's relative path to k8s/ (kustomize takes no absolute one). The
+# ConfigMap keeps its name, so the DaemonSet is unchanged: the same pod goes on, and its daemon
+# reloads the file once the kubelet has refreshed it (a minute or so).
 edited="$work/edited/tests/cluster/overlays/node-cache"
 mkdir -p "$(dirname "$edited")"
 cp -r "$repo/k8s" "$work/edited/k8s"
 cp -r "$here/overlays/node-cache" "$edited"
 sed -i 's/newTag: cluster$/newTag: cluster-2/' "$edited/kustomization.yaml"
 sed -i 's/^default_lease_ttl_seconds = 3600/default_lease_ttl_seconds = 1800/' "$edited/catalog.toml"
+pod_before=$(daemon_pod)
 kube apply -k "$edited" >/dev/null
 rollout "catalog edit"
+wait_for "the daemon's reload of the edited catalog" 180 reloaded \
+    || fail "the daemon did not reload the edited catalog"
+[[ $(daemon_pod) == "$pod_before" ]] || fail "the catalog edit replaced the DaemonSet's pod"
+ok "catalog edit: no rollout, the same pod reloaded the catalog"
 
 # 5. Volume health: the lazy view that ended with its plugin is reported abnormal in the pod's
 # events (the kubelet's CSIVolumeHealth, from NodeGetVolumeStats).

@@ -374,11 +374,23 @@ fn a_lazy_volume_starts_while_the_dataset_hydrates_and_the_next_pod_after_ready_
         let mut names: Vec<_> = std::fs::read_dir(&early)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| name != ".hydrator")
             .collect();
         names.sort();
         names
     };
     assert_eq!(names, shards.keys().cloned().collect::<Vec<_>>());
+    // The gate a trainer can start on: the view's marker, naming the snapshot; READY is the
+    // complete dataset's.
+    let snapshot = daemon.status("lazy")["snapshot"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        std::fs::read_to_string(early.join(".hydrator/LAZY")).unwrap(),
+        format!("dataset=lazy\nsnapshot={snapshot}\n")
+    );
+    assert!(!early.join(".hydrator/READY").exists());
     assert_eq!(
         std::fs::metadata(early.join("s-077.bin")).unwrap().len(),
         64 << 10
