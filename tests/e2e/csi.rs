@@ -464,14 +464,20 @@ fn a_lazy_volume_starts_while_the_dataset_hydrates_and_the_next_pod_after_ready_
     assert!(leases(&daemon).is_empty(), "{:?}", leases(&daemon));
 }
 
+/// The lazy dataset `lz` (120 shards, about 15 s of hydration: still incomplete when a test
+/// restarts the plugin), its catalog and its daemon.
+fn slowly_hydrating(server: &Server, dir: &Path) -> (BTreeMap<String, Vec<u8>>, String, Daemon) {
+    let shards = slow_shards(server, "lz/", 120, Duration::from_secs(1));
+    let text = csi_catalog(dir, server, "1GiB", &["lz"]);
+    let daemon = Daemon::start(dir, &server.target, &text);
+    (shards, text, daemon)
+}
+
 #[test]
 fn a_restart_of_the_plugin_fails_lazy_reads_with_enotconn_and_a_restart_of_the_daemon_does_not() {
     let server = Server::local();
     let dir = tempfile::tempdir().unwrap();
-    // About 15 s of hydration: still incomplete when the plugin restarts.
-    let shards = slow_shards(&server, "lz/", 120, Duration::from_secs(1));
-    let text = csi_catalog(dir.path(), &server, "1GiB", &["lz"]);
-    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    let (shards, text, daemon) = slowly_hydrating(&server, dir.path());
     let mut csi = Csi::start(dir.path(), &daemon);
     let target = dir.path().join("pods/uid-1/mount");
     let lazy = Volume {
@@ -538,10 +544,7 @@ fn a_restart_of_the_plugin_fails_lazy_reads_with_enotconn_and_a_restart_of_the_d
 fn a_lazy_view_held_by_the_keeper_outlives_kill_9_of_the_plugin_and_a_restart_of_the_keeper() {
     let server = Server::local();
     let dir = tempfile::tempdir().unwrap();
-    // About 15 s of hydration: still incomplete when the plugin is killed.
-    let shards = slow_shards(&server, "lz/", 120, Duration::from_secs(1));
-    let text = csi_catalog(dir.path(), &server, "1GiB", &["lz"]);
-    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    let (shards, _, daemon) = slowly_hydrating(&server, dir.path());
     let csi = Csi::start_with_keeper(dir.path(), &daemon);
     let target = dir.path().join("pods/uid-1/mount");
     let lazy = Volume {
