@@ -28,6 +28,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rustix::event::{PollFd, PollFlags};
+use rustix::net::sockopt::Timeout;
 use rustix::net::{
     AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
     SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
@@ -38,6 +39,8 @@ use serde::{Deserialize, Serialize};
 const MAX_MESSAGE: usize = 16 * 1024;
 /// How long the keeper waits for a caller that connected to say what it wants.
 const CALLER_PATIENCE: Duration = Duration::from_secs(2);
+/// How long the plugin waits for the keeper to take or list views.
+const KEEPER_PATIENCE: Duration = Duration::from_secs(5);
 
 /// What the plugin needs to serve a kept view again.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -122,6 +125,11 @@ impl Keeper {
         .map_err(|e| self.io(e.into()))?;
         let address = SocketAddrUnix::new(&self.socket).map_err(|e| self.io(e.into()))?;
         rustix::net::connect(&conn, &address).map_err(|e| self.io(e.into()))?;
+        // A keeper that stops answering must not hold up a publish.
+        for direction in [Timeout::Send, Timeout::Recv] {
+            rustix::net::sockopt::set_socket_timeout(&conn, direction, Some(KEEPER_PATIENCE))
+                .map_err(|e| self.io(e.into()))?;
+        }
         Ok(conn)
     }
 
@@ -230,11 +238,7 @@ fn answer(conn: &OwnedFd, kept: &mut BTreeMap<String, (KeptView, OwnedFd)>) -> i
             caller.pid.as_raw_nonzero()
         )));
     }
-    rustix::net::sockopt::set_socket_timeout(
-        conn,
-        rustix::net::sockopt::Timeout::Recv,
-        Some(CALLER_PATIENCE),
-    )?;
+    rustix::net::sockopt::set_socket_timeout(conn, Timeout::Recv, Some(CALLER_PATIENCE))?;
     match receive(conn)? {
         (Message::Keep(view), Some(fuse)) => {
             let volume = view.volume.clone();
