@@ -13,8 +13,10 @@
 //!   descriptors to the keeper again every few seconds, so only both ending at once ends a view.
 //! - A descriptor whose connection ended (its view was unmounted) polls as an error, and the
 //!   keeper drops it then: there is no release message to forget.
-//! - Only a process of the keeper's own user may talk to it (`SO_PEERCRED`), on a socket only
-//!   that user may open: a FUSE descriptor lets its holder answer for the view.
+//! - Only the keeper's own user (and root) may reach it: its socket is in a directory only that
+//!   user may enter (0700), and is that user's alone (0600), as a FUSE descriptor lets its
+//!   holder answer for the view. (Not `SO_PEERCRED`: across containers the caller's pid is in
+//!   another namespace, and the permission already says who may connect.)
 //! - One datagram per message (`SOCK_SEQPACKET`), a JSON body and at most one descriptor, with
 //!   `rustix`'s `sendmsg`/`recvmsg`: no framing to write, and one blocking thread serves it all.
 
@@ -230,14 +232,6 @@ fn wait(
 
 /// Answers one caller's message.
 fn answer(conn: &OwnedFd, kept: &mut BTreeMap<String, (KeptView, OwnedFd)>) -> io::Result<()> {
-    let caller = rustix::net::sockopt::socket_peercred(conn)?;
-    if caller.uid != rustix::process::geteuid() {
-        return Err(io::Error::other(format!(
-            "refused a caller of uid {} (pid {})",
-            caller.uid.as_raw(),
-            caller.pid.as_raw_nonzero()
-        )));
-    }
     rustix::net::sockopt::set_socket_timeout(conn, Timeout::Recv, Some(CALLER_PATIENCE))?;
     match receive(conn)? {
         (Message::Keep(view), Some(fuse)) => {
@@ -357,6 +351,11 @@ mod tests {
         assert_ne!(listed[0].1.as_raw_fd(), read_end.as_raw_fd());
         let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600, "only the keeper's user may connect");
+        let dir_mode = (std::fs::metadata(socket.parent().unwrap())
+            .unwrap()
+            .permissions())
+        .mode();
+        assert_eq!(dir_mode & 0o777, 0o700, "only the keeper's user may enter");
         // Kept again: replaced, not doubled.
         keeper.keep(&view("vol-1"), read_end.as_fd()).unwrap();
         assert_eq!(keeper.list().unwrap().len(), 1);
