@@ -249,7 +249,7 @@ if "examples/csi-job" in renders and not csi_readers.get("examples/csi-job"):
                                 f"{CSI_DRIVER} csi volume")
 # overlays/io-uring gives the daemon the io_uring profile.
 for doc in renders.get("overlays/io-uring", []):
-    if doc["kind"] == "DaemonSet":
+    if doc["kind"] == "DaemonSet" and doc["metadata"]["name"] == "hydrator":
         daemon = doc["spec"]["template"]["spec"]["containers"][0]
         if daemon.get("securityContext", {}).get("seccompProfile", {}).get("localhostProfile") != PROFILE:
             problem("overlays/io-uring", f"the daemon's container has no Localhost profile {PROFILE}")

@@ -98,6 +98,9 @@ pub enum Command {
     Lease(LeaseArgs),
     /// Run the CSI node plugin: serve datasets to pods as read-only inline volumes.
     Csi(CsiArgs),
+    /// Hold the connections of the CSI plugin's lazy views, so that they outlive the plugin's
+    /// restarts (a DaemonSet of its own, beside the plugin's).
+    CsiKeeper(CsiKeeperArgs),
     /// Mount s3://BUCKET/PREFIX/ read-only at MOUNTPOINT at once, hydrating it into --cache DIR
     /// meanwhile: files opened first are fetched first; local files read at local speed.
     #[command(
@@ -230,8 +233,26 @@ pub struct CsiArgs {
     /// registration [default: /var/lib/kubelet/plugins/DRIVER_NAME/csi.sock].
     #[arg(long, env = "HYDRATOR_CSI_KUBELET_ENDPOINT", hide_env_values = true)]
     pub kubelet_endpoint: Option<PathBuf>,
+    /// The socket of `hydrator csi-keeper`, which holds the lazy views' connections: with it,
+    /// a lazy view outlives a restart, an upgrade or a rollout of the plugin; without it, a
+    /// lazy view ends (ENOTCONN) with the plugin's process.
+    #[arg(long, env = "HYDRATOR_CSI_KEEPER", hide_env_values = true)]
+    pub keeper_socket: Option<PathBuf>,
     #[command(flatten)]
     pub connection: DaemonConnection,
+}
+
+#[derive(Debug, Args)]
+pub struct CsiKeeperArgs {
+    /// Where the plugin hands over and takes back the views' connections (the directory is
+    /// made the keeper's user's alone).
+    #[arg(
+        long,
+        env = "HYDRATOR_CSI_KEEPER",
+        hide_env_values = true,
+        default_value = "/run/hydrator-keeper/keeper.sock"
+    )]
+    pub socket: PathBuf,
 }
 
 #[derive(Debug, Args)]

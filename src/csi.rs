@@ -24,11 +24,13 @@ pub mod proto {
 }
 
 mod authority;
+mod keeper;
 mod lazy;
 mod plugin;
 mod registration;
 mod service;
 mod target;
+mod views;
 mod volumes;
 
 use std::path::{Path, PathBuf};
@@ -38,7 +40,7 @@ use std::time::Duration;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_stream::wrappers::UnixListenerStream;
 
-use crate::cli::{CsiArgs, DaemonConnection};
+use crate::cli::{CsiArgs, CsiKeeperArgs, DaemonConnection};
 use crate::daemon_client::Client;
 use crate::error::{Exit, SyncError, UsageError};
 use plugin::Plugin;
@@ -54,6 +56,23 @@ const MAX_DAEMON_WAIT: u64 = 5;
 const SETTLE_EVERY: Duration = Duration::from_secs(2);
 /// How often leases are matched against what is mounted.
 const RECONCILE_EVERY: Duration = Duration::from_secs(60);
+/// How often the lazy views' connections are handed to the keeper again.
+const KEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// `hydrator csi-keeper`: holds the lazy views' connections across restarts of the plugin.
+pub(crate) async fn keep(args: CsiKeeperArgs) -> Result<Exit, SyncError> {
+    let socket = args.socket;
+    let served = tokio::task::spawn_blocking({
+        let socket = socket.clone();
+        move || keeper::serve(&socket)
+    })
+    .await;
+    let err = match served {
+        Ok(Err(err)) => err.to_string(),
+        Err(err) => err.to_string(),
+    };
+    Err(UsageError::new(format!("keeping lazy views on {}: {err}", socket.display())).into())
+}
 
 pub(crate) async fn run(args: CsiArgs) -> Result<Exit, SyncError> {
     let socket = socket_path(&args.endpoint)?;
@@ -65,7 +84,11 @@ pub(crate) async fn run(args: CsiArgs) -> Result<Exit, SyncError> {
         ..args.connection
     };
     let client = Client::new(&connection, "csi", None)?;
-    let plugin = Arc::new(Plugin::new(client, volumes, args.pods_dir.clone()));
+    let keeper = args.keeper_socket.clone().map(keeper::Keeper::new);
+    let plugin = Arc::new(Plugin::new(client, volumes, args.pods_dir.clone(), keeper));
+    // Before the kubelet is answered: a view of the previous run is served again, not
+    // published afresh.
+    plugin.resume_kept_views().await;
     let identity = IdentityService {
         name: args.driver_name.clone(),
         daemon: Arc::new(Client::new(&connection, "csi", None)?),
@@ -93,6 +116,7 @@ pub(crate) async fn run(args: CsiArgs) -> Result<Exit, SyncError> {
         socket.display()
     );
     let settling = plugin.clone();
+    let keeping = plugin.clone();
     let reconciler = tokio::spawn(async move {
         loop {
             plugin.reconcile().await;
@@ -105,6 +129,12 @@ pub(crate) async fn run(args: CsiArgs) -> Result<Exit, SyncError> {
             tokio::time::sleep(SETTLE_EVERY).await;
         }
     });
+    let keeper = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(KEEP_EVERY).await;
+            keeping.keep_views().await;
+        }
+    });
     let served = tonic::transport::Server::builder()
         .add_service(IdentityServer::new(identity))
         .add_service(NodeServer::new(node))
@@ -112,6 +142,7 @@ pub(crate) async fn run(args: CsiArgs) -> Result<Exit, SyncError> {
         .await;
     reconciler.abort();
     settler.abort();
+    keeper.abort();
     if let Some((task, registration_socket)) = registration {
         task.abort();
         // Gone with the plugin: the kubelet deregisters the driver.

@@ -15,10 +15,13 @@
 //! - The disk is the truth: on start, the registry is rebuilt from the directories and
 //!   interrupted hydrations resume from their manifests, every one a lease pins among them
 //!   ([`recover`]).
+//! - The catalog is reloaded in place, on SIGHUP or when its file changes ([`catalog_watch`]):
+//!   editing it restarts nothing.
 
 mod access;
 pub(crate) mod api;
 pub(crate) mod catalog;
+mod catalog_watch;
 mod error;
 mod evict;
 mod flight;
@@ -121,8 +124,8 @@ impl Daemon {
         })
     }
 
-    /// Re-reads the catalog (SIGHUP). A catalog with errors is refused and the old one kept;
-    /// running hydrations finish with the settings they started with.
+    /// Re-reads the catalog (SIGHUP, or its file changed). A catalog with errors is refused and
+    /// the old one kept; running hydrations finish with the settings they started with.
     fn reload(self: &Arc<Self>) {
         let new = match catalog::load(&self.catalog_path, |k| std::env::var(k).ok()) {
             Ok(new) => new,
@@ -149,10 +152,16 @@ impl Daemon {
         new.listen.tcp = old.listen.tcp;
         new.listen.probes = old.listen.probes;
         new.cache.root.clone_from(&old.cache.root);
+        let (added, removed) = (
+            names_missing(&new, &old).join(", "),
+            names_missing(&old, &new).join(", "),
+        );
+        let count = new.datasets.len();
         *self.catalog.write().expect("catalog lock") = Arc::new(new);
         tracing::info!(
-            "catalog reloaded: {} datasets",
-            self.catalog().datasets.len()
+            added = %added,
+            removed = %removed,
+            "catalog reloaded: {count} datasets"
         );
         self.prewarm();
     }
@@ -166,8 +175,17 @@ impl Daemon {
     }
 }
 
+/// The names of `of`'s datasets that `than` does not hold.
+fn names_missing<'a>(of: &'a Catalog, than: &Catalog) -> Vec<&'a str> {
+    (of.datasets.keys())
+        .filter(|name| !than.datasets.contains_key(*name))
+        .map(String::as_str)
+        .collect()
+}
+
 /// Runs the daemon until SIGTERM or SIGINT.
 pub(crate) async fn run(catalog_path: &Path) -> Result<Exit, SyncError> {
+    let watch = catalog_watch::CatalogWatch::new(catalog_path);
     let catalog = catalog::load(catalog_path, |k| std::env::var(k).ok())?;
     let root = catalog.cache.root.clone();
     let registry = recover::scan(&root, &catalog)
@@ -214,6 +232,7 @@ pub(crate) async fn run(catalog_path: &Path) -> Result<Exit, SyncError> {
             }
         }
     });
+    let watch = tokio::spawn(watch.run(daemon.clone()));
     tracing::info!(
         "daemon ready: cache {} (quota {}), {} datasets",
         daemon.root.display(),
@@ -224,6 +243,7 @@ pub(crate) async fn run(catalog_path: &Path) -> Result<Exit, SyncError> {
     tracing::info!("stopping: no new work; hydrations flush their manifests");
     daemon.stop.send_replace(true);
     maintenance.abort();
+    watch.abort();
     let deadline = tokio::time::Instant::now() + STOP_GRACE;
     while daemon
         .registry()

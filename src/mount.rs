@@ -12,7 +12,9 @@
 //! is recorded, so the next mount or sync resumes) and unmounts; an unmount from outside
 //! (`fusermount3 -u`, `umount`) ends the process the same way.
 
+pub(crate) mod backings;
 pub(crate) mod pinned;
+pub(crate) mod resume;
 pub(crate) mod tree;
 pub(crate) mod view;
 
@@ -189,13 +191,19 @@ async fn list_all(
     Ok(listed)
 }
 
-/// The view's tree, and the keys the engine will fetch in listing order.
+/// The view's tree, marked lazy with the snapshot's digest (that of the listing without
+/// `--snapshot`), and the keys the engine will fetch in listing order.
 fn plan_view(
     cfg: &SyncConfig,
     listed: &[ObjectEntry],
 ) -> Result<(tree::Tree, Vec<String>), SyncError> {
     let filter = cfg.key_filter()?;
-    let (tree, keys) = tree::Tree::of_listing(&cfg.source.prefix, &filter, listed);
+    let (mut tree, keys) = tree::Tree::of_listing(&cfg.source.prefix, &filter, listed);
+    let digest = match &cfg.snapshot {
+        Some(snapshot) => snapshot.digest.clone(),
+        None => snapshot::listing_digest(listed),
+    };
+    tree.mark_lazy(&cfg.source.to_string(), &digest);
     if tree.files() == 0 && !cfg.allow_empty {
         return Err(UsageError::new(format!(
             "{} lists {} objects and none is a file to mount (give --allow-empty to mount an empty view)",

@@ -143,17 +143,7 @@ pub(crate) async fn create(
             listed
         }
     };
-    let entries: Vec<SnapshotEntry> = listed
-        .into_iter()
-        .map(|entry| SnapshotEntry {
-            key: entry.key,
-            size: entry.size,
-            etag: entry.etag,
-            last_modified_ns: entry.last_modified.map(unix_nanos),
-            version_id: entry.version_id,
-            blake3: None,
-        })
-        .collect();
+    let entries: Vec<SnapshotEntry> = listed.into_iter().map(unsealed).collect();
     let snapshot = Snapshot {
         version: SNAPSHOT_VERSION,
         endpoint,
@@ -169,6 +159,24 @@ pub(crate) async fn create(
         snapshot,
         unversioned,
     })
+}
+
+/// The entry of a listed object in a snapshot that is not sealed.
+fn unsealed(entry: ObjectEntry) -> SnapshotEntry {
+    SnapshotEntry {
+        key: entry.key,
+        size: entry.size,
+        etag: entry.etag,
+        last_modified_ns: entry.last_modified.map(unix_nanos),
+        version_id: entry.version_id,
+        blake3: None,
+    }
+}
+
+/// The digest a snapshot of exactly this listing has.
+pub(crate) fn listing_digest(listed: &[ObjectEntry]) -> String {
+    let entries: Vec<SnapshotEntry> = listed.iter().cloned().map(unsealed).collect();
+    digest(&entries)
 }
 
 /// Writes the snapshot file atomically ([`fs::write_atomic`]).

@@ -10,22 +10,28 @@
 //!   into place only after its checks), so one that is already there is opened at once.
 //! - Reads of local files go to the kernel (FUSE passthrough): the plugin is in the read path
 //!   only for opens.
-//! - The view lives in this process: a restart of the plugin ends it, and the pods reading it
-//!   then get `ENOTCONN` (never zeros or stale bytes) until they are restarted. A restart of the
-//!   daemon does not: opens wait for the daemon to come back (and resume the hydration, which a
-//!   lazy volume's lease keeps), for at most [`PATIENCE`].
+//! - The view outlives this process: a duplicate of its FUSE connection is handed to the keeper
+//!   ([`super::keeper`]), and a restarted plugin takes it back and serves the view again
+//!   ([`resume`]), built from the same snapshot file, so the kernel's inode numbers still mean
+//!   the same files. Without a keeper, a restart of the plugin ends the view, and the pods
+//!   reading it then get `ENOTCONN` (never zeros or stale bytes) until they are restarted. A
+//!   restart of the daemon does not: opens wait for the daemon to come back (and resume the
+//!   hydration, which a lazy volume's lease keeps), for at most [`PATIENCE`].
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hyper::{Method, StatusCode};
+use tokio::sync::oneshot;
 
+use super::keeper::KeptView;
 use super::target::Target;
 use crate::daemon::protocol::WantRequest;
 use crate::daemon_client::{explain, percent_encode, CallError, Client};
 use crate::engine::schedule::Wanted;
+use crate::mount::backings::BackingJournal;
 use crate::mount::tree::{FileNode, Tree};
 use crate::mount::view::{LazyView, Wants};
 use crate::plan::filter::KeyFilter;
@@ -38,14 +44,81 @@ const PATIENCE: Duration = Duration::from_secs(300);
 const RETRY: Duration = Duration::from_secs(1);
 
 /// Mounts the lazy view of `snapshot` of `dataset` (whose directory is `dir`) at `target`,
-/// created if missing, and serves it until it is unmounted.
+/// created if missing, and serves it until it is unmounted; returns what the keeper needs to
+/// keep it, a duplicate of its connection, and what fires when its session ends.
 pub(crate) async fn publish(
     client: Arc<Client>,
+    volume: &str,
     dataset: &str,
     snapshot: &str,
     dir: &Path,
     target: &Target,
-) -> std::io::Result<()> {
+    journal: &Path,
+) -> std::io::Result<(KeptView, OwnedFd, oneshot::Receiver<()>)> {
+    let journal = BackingJournal::create(journal)?;
+    let view = view_of(client, dataset, snapshot, dir)
+        .await?
+        .with_journal(journal);
+    target.create_dir()?;
+    let fsname = format!("hydrator:{dataset}");
+    let pinned = target.pin()?;
+    let served = crate::mount::pinned::serve(view, pinned.as_fd(), fsname, true)
+        .await
+        .map_err(std::io::Error::other)?;
+    let kept = KeptView {
+        volume: volume.to_string(),
+        dataset: dataset.to_string(),
+        snapshot: snapshot.to_string(),
+        dir: dir.to_path_buf(),
+        passthrough: served.passthrough,
+    };
+    Ok((kept, served.fuse, served.ended))
+}
+
+/// Serves again a view a previous life of the plugin mounted, on `fuse`, its connection kept by
+/// the keeper. A view whose snapshot file cannot be read any more is served empty: its pod's
+/// requests fail (ENOENT) instead of waiting for an answer that never comes.
+pub(crate) async fn resume(
+    client: Arc<Client>,
+    kept: &KeptView,
+    fuse: OwnedFd,
+    journal: &Path,
+) -> Result<oneshot::Receiver<()>, ResumeError> {
+    let journal = BackingJournal::reopen(journal)?;
+    let view = match view_of(client.clone(), &kept.dataset, &kept.snapshot, &kept.dir).await {
+        Ok(view) => view.with_journal(journal),
+        Err(err) => {
+            tracing::error!(volume = %kept.volume, "the lazy view of {} cannot be served again ({err}): its reads fail until its pod is restarted", kept.dataset);
+            empty_view(&kept.dir)?
+        }
+    };
+    Ok(crate::mount::resume::resume(view, fuse, kept.passthrough)?)
+}
+
+/// Why a kept view could not be served again.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ResumeError {
+    #[error("opening the snapshot's directory or the backings' journal: {0}")]
+    Local(#[from] std::io::Error),
+    #[error(transparent)]
+    Session(#[from] crate::mount::resume::ResumeError),
+}
+
+/// A view with no file, over `dir`.
+fn empty_view(dir: &Path) -> std::io::Result<LazyView> {
+    let nothing = Arc::new(Tree::build(Vec::new()).0);
+    let wants = Arc::new(crate::engine::schedule::Schedule::new(Vec::<String>::new()));
+    Ok(LazyView::new(nothing, wants, Dest::open(dir)?, true))
+}
+
+/// The view of `snapshot` of `dataset` over `dir`, named from its snapshot file (so its inode
+/// numbers are the same in every life of the plugin).
+async fn view_of(
+    client: Arc<Client>,
+    dataset: &str,
+    snapshot: &str,
+    dir: &Path,
+) -> std::io::Result<LazyView> {
     let parent = dir.parent().unwrap_or(dir);
     let file = parent.join(format!("{snapshot}.snapshot"));
     let frozen = tokio::task::spawn_blocking(move || crate::snapshot::read(&file))
@@ -59,7 +132,8 @@ pub(crate) async fn publish(
     }
     let listed: Vec<ObjectEntry> = frozen.entries.iter().map(Into::into).collect();
     let everything = KeyFilter::new(&[], &[]).map_err(std::io::Error::other)?;
-    let (tree, _) = Tree::of_listing(&frozen.prefix, &everything, &listed);
+    let (mut tree, _) = Tree::of_listing(&frozen.prefix, &everything, &listed);
+    tree.mark_lazy(dataset, snapshot);
     let wants = DaemonWants {
         client,
         path: format!("/v1/datasets/{}/want", percent_encode(dataset)),
@@ -67,14 +141,12 @@ pub(crate) async fn publish(
         dest: Dest::open(dir)?,
         runtime: tokio::runtime::Handle::current(),
     };
-    let view = LazyView::new(Arc::new(tree), Arc::new(wants), Dest::open(dir)?, true);
-    target.create_dir()?;
-    let fsname = format!("hydrator:{dataset}");
-    let pinned = target.pin()?;
-    crate::mount::pinned::serve(view, pinned.as_fd(), fsname, true)
-        .await
-        .map_err(std::io::Error::other)?;
-    Ok(())
+    Ok(LazyView::new(
+        Arc::new(tree),
+        Arc::new(wants),
+        Dest::open(dir)?,
+        true,
+    ))
 }
 
 /// Opens of a lazy volume, answered by the node daemon.

@@ -27,7 +27,7 @@
 //! - Targets must lie under the kubelet's pods directory: the plugin mounts and unmounts only
 //!   there.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -36,12 +36,14 @@ use hyper::{Method, StatusCode};
 use tokio::sync::OwnedMutexGuard;
 use tonic::Status;
 
+use super::keeper::{Keeper, KeptView};
 use super::lazy;
 use super::proto::{
     volume_capability::AccessType, volume_usage, NodePublishVolumeRequest, VolumeCondition,
     VolumeUsage,
 };
 use super::target::{self, Target};
+use super::views::Views;
 use super::volumes::{self, Volume, Volumes};
 use crate::daemon::catalog::Start;
 use crate::daemon::protocol::{
@@ -73,9 +75,8 @@ pub(crate) struct Plugin {
     /// Whether the lazy views left by a previous life were looked for.
     found_dead_views: AtomicBool,
     /// The volumes whose lazy view this process serves (a lazy volume not in it is one whose
-    /// view ended with a previous life of the plugin), and whether the ready snapshot was
-    /// bound over it yet.
-    serving: Mutex<BTreeMap<String, bool>>,
+    /// view ended with a previous life of the plugin).
+    views: Arc<Views>,
 }
 
 /// The snapshot a publish serves, and whether as a lazy view (it is still hydrating).
@@ -181,15 +182,45 @@ impl Ask {
 }
 
 impl Plugin {
-    pub(crate) fn new(client: Client, volumes: Volumes, pods_dir: PathBuf) -> Self {
+    pub(crate) fn new(
+        client: Client,
+        volumes: Volumes,
+        pods_dir: PathBuf,
+        keeper: Option<Keeper>,
+    ) -> Self {
         Self {
             client: Arc::new(client),
             volumes,
             pods_dir,
             turns: Mutex::default(),
             found_dead_views: AtomicBool::new(false),
-            serving: Mutex::default(),
+            views: Arc::new(Views::new(keeper)),
         }
+    }
+
+    /// Serves again the lazy views a previous life of the plugin published, which the keeper
+    /// held meanwhile; before anything else of this life.
+    pub(crate) async fn resume_kept_views(&self) {
+        let bound_over = |kept: &KeptView| {
+            let recorded = self.record(&kept.volume);
+            recorded.is_none_or(|volume| {
+                Target::open(&self.pods_dir, &volume.target)
+                    .and_then(|target| target.shows_snapshot(&volume.snapshot))
+                    .unwrap_or(false)
+            })
+        };
+        let journal = |kept: &KeptView| self.volumes.backings_path(&kept.volume);
+        let resumed = (self.views)
+            .resume_kept(&self.client, bound_over, journal)
+            .await;
+        if resumed > 0 {
+            tracing::info!("serving again {resumed} lazy view(s) of the plugin's previous run");
+        }
+    }
+
+    /// Hands the lazy views' connections to the keeper again.
+    pub(crate) async fn keep_views(&self) {
+        self.views.keep_all().await;
     }
 
     /// Waits for the turn of volume `id`.
@@ -298,22 +329,29 @@ impl Plugin {
         self.lease(&volume)
             .await
             .map_err(|refusal| served_snapshot_gone(refusal, chosen_by_pod))?;
-        let mounted = match volume.lazy {
-            true => {
-                let client = self.client.clone();
-                lazy::publish(client, &volume.dataset, &volume.snapshot, &dir, &target).await
-            }
-            false => target.bind_read_only(&dir),
-        };
-        mounted.map_err(|err| {
+        let mounting = |err| {
             Status::internal(format!(
                 "mounting {} on {}: {err}",
                 dir.display(),
                 volume.target.display()
             ))
-        })?;
+        };
         if volume.lazy {
-            self.serving_mut().insert(volume.id.clone(), false);
+            let client = self.client.clone();
+            let (kept, fuse, ended) = lazy::publish(
+                client,
+                &volume.id,
+                &volume.dataset,
+                &volume.snapshot,
+                &dir,
+                &target,
+                &self.volumes.backings_path(&volume.id),
+            )
+            .await
+            .map_err(mounting)?;
+            self.views.serve(kept, fuse, ended, false).await;
+        } else {
+            target.bind_read_only(&dir).map_err(mounting)?;
         }
         let how = match volume.lazy {
             true => "as a lazy view while it hydrates",
@@ -384,7 +422,7 @@ impl Plugin {
             }
             Err(err) => return Err(unreachable_target(target, err)),
         }
-        self.serving_mut().remove(id);
+        self.views.remove(id);
         if let Some(volume) = record {
             self.release(&volume).await?;
             (self.volumes.remove(id)).map_err(|err| local(&self.volumes.path(id), err))?;
@@ -443,12 +481,6 @@ impl Plugin {
         }
     }
 
-    fn serving_mut(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, bool>> {
-        self.serving
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
     /// The usage and condition of volume `id` published at `path`: abnormal when it is a lazy
     /// view that no process serves any more, or whose snapshot the daemon cannot serve whole,
     /// and its ready snapshot was not bound over it (the kubelet, with volume health on, puts
@@ -470,7 +502,7 @@ impl Plugin {
             && Target::open(&self.pods_dir, path)
                 .and_then(|target| target.shows_snapshot(&volume.snapshot))
                 .unwrap_or(false);
-        if volume.lazy && !bound_over && !self.serving_mut().contains_key(id) {
+        if volume.lazy && !bound_over && !self.views.serves(id) {
             let message = format!(
                 "the lazy view of {} ended with a restart of the CSI plugin: reads fail (ENOTCONN) until the pod is restarted",
                 volume.dataset
@@ -547,16 +579,12 @@ impl Plugin {
     /// the plain files (no round trip to this process per open); the view stays underneath for
     /// the other pods and the files open in it.
     pub(crate) async fn settle(&self) {
-        let pending: Vec<String> = (self.serving_mut().iter())
-            .filter(|(_, settled)| !**settled)
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in pending {
+        for id in self.views.unsettled() {
             let _turn = self.turn(&id).await;
             let Some(volume) = self.record(&id).filter(|v| v.lazy) else {
                 continue;
             };
-            if !self.serving_mut().contains_key(&id) {
+            if !self.views.serves(&id) {
                 continue; // unpublished meanwhile
             }
             let dir = match self.ready_dir(&volume).await {
@@ -568,7 +596,7 @@ impl Plugin {
                 .and_then(|target| target.bind_read_only(&dir));
             match bound {
                 Ok(()) => {
-                    self.serving_mut().insert(id.clone(), true);
+                    self.views.settled(&id);
                     tracing::info!(
                         volume = %id,
                         "{} is ready: bound over the lazy view at {}",
@@ -605,7 +633,10 @@ impl Plugin {
         if self.found_dead_views.swap(true, Relaxed) {
             return;
         }
-        for volume in recorded.iter().filter(|v| v.lazy) {
+        for volume in recorded
+            .iter()
+            .filter(|v| v.lazy && !self.views.serves(&v.id))
+        {
             if !matches!(self.mounted(&volume.target), Ok(Mounted::No)) {
                 tracing::error!(
                     volume = %volume.id,

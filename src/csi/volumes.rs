@@ -78,11 +78,20 @@ impl Volumes {
         fs::write_atomic_path(&self.path(&volume.id), |file| file.write_all(&json))
     }
 
+    /// The journal of the passthrough backings of volume `id`'s lazy view
+    /// ([`crate::mount::backings`]).
+    pub(crate) fn backings_path(&self, id: &str) -> PathBuf {
+        self.dir.join(format!("{id}.backings"))
+    }
+
     pub(crate) fn remove(&self, id: &str) -> io::Result<()> {
-        match std::fs::remove_file(self.path(id)) {
-            Err(err) if err.kind() != io::ErrorKind::NotFound => Err(err),
-            _ => Ok(()),
+        for path in [self.backings_path(id), self.path(id)] {
+            match std::fs::remove_file(path) {
+                Err(err) if err.kind() != io::ErrorKind::NotFound => return Err(err),
+                _ => {}
+            }
         }
+        Ok(())
     }
 
     /// Every recorded volume; a record that cannot be read or fails its checks is logged and

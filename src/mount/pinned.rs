@@ -36,35 +36,60 @@ pub(crate) enum PinnedMountError {
     Task(#[from] tokio::task::JoinError),
 }
 
+/// A view being served: when its session ends (unmounted), a duplicate of its connection to
+/// hand to the keeper, and whether the kernel took passthrough.
+pub(crate) struct Served {
+    pub ended: oneshot::Receiver<()>,
+    pub fuse: OwnedFd,
+    pub passthrough: bool,
+}
+
 /// Mounts `view` read-only on the directory `dir` (held open: an `O_PATH` descriptor) and
-/// serves it on a thread of its own; the receiver fires when the session ends (unmounted).
+/// serves it on threads of its own.
 pub(crate) async fn serve(
     view: LazyView,
     dir: BorrowedFd<'_>,
     fsname: String,
     allow_other: bool,
-) -> Result<oneshot::Receiver<()>, PinnedMountError> {
+) -> Result<Served, PinnedMountError> {
     let mountpoint = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
     let stat = rustix::fs::fstat(dir).map_err(|err| PinnedMountError::Mode(err.into()))?;
     let mode = stat.st_mode;
-    let session = tokio::task::spawn_blocking(move || {
+    let taken = view.taken();
+    let (session, fuse) = tokio::task::spawn_blocking(move || {
         let fuse = mount(&mountpoint, mode, &fsname, allow_other)?;
         let acl = match allow_other {
             true => SessionACL::All,
             false => SessionACL::Owner,
         };
-        let mut config = Config::default();
-        config.acl = acl;
-        config.n_threads = Some(super::FUSE_THREADS);
-        config.clone_fd = true;
-        fuser::Session::from_fd(view, fuse, acl, config).map_err(|err| {
-            // Never leave a view that nobody serves.
+        // Never leave a view that nobody serves.
+        let unmount = |err| {
             let _ = rustix::mount::unmount(&mountpoint, UnmountFlags::DETACH);
             PinnedMountError::Session(err)
-        })
+        };
+        let kept = fuse.try_clone().map_err(unmount)?;
+        let session = fuser::Session::from_fd(view, fuse, acl, config(acl)).map_err(unmount)?;
+        Ok::<_, PinnedMountError>((session, kept))
     })
     .await??;
-    super::run_session(session).map_err(PinnedMountError::Session)
+    let ended = super::run_session(session).map_err(PinnedMountError::Session)?;
+    Ok(Served {
+        ended,
+        fuse,
+        passthrough: taken.passthrough(),
+    })
+}
+
+/// How a view's session runs. Its threads share the one descriptor the keeper holds a
+/// duplicate of (no `clone_fd`): requests read from a clone would be failed by the kernel when
+/// the clone closes with a killed process, while those read from a descriptor still held
+/// elsewhere wait there for the next process ([`super::resume`]).
+pub(crate) fn config(acl: SessionACL) -> Config {
+    let mut config = Config::default();
+    config.acl = acl;
+    config.n_threads = Some(super::FUSE_THREADS);
+    config.clone_fd = false;
+    config
 }
 
 /// Opens `/dev/fuse` and mounts it on `mountpoint` (whose mode is `mode`), read-only.
@@ -147,7 +172,7 @@ mod tests {
             Mode::empty(),
         )
         .unwrap();
-        let ended = serve(view, held.as_fd(), "hydrator:test".into(), false)
+        let served = serve(view, held.as_fd(), "hydrator:test".into(), false)
             .await
             .unwrap();
         drop(held);
@@ -163,7 +188,7 @@ mod tests {
         std::os::unix::fs::symlink(&elsewhere, &target).unwrap();
         // The view ends where it really is; nothing is unmounted by path after it.
         rustix::mount::unmount(moved.join("mount"), UnmountFlags::NOFOLLOW).unwrap();
-        tokio::time::timeout(std::time::Duration::from_secs(10), ended)
+        tokio::time::timeout(std::time::Duration::from_secs(10), served.ended)
             .await
             .expect("the session ends")
             .unwrap();

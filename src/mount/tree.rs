@@ -4,20 +4,33 @@
 //! Inode numbers are positions in one table (the root is 1). A directory's entries are kept
 //! sorted by name: a lookup is a binary search and `readdir` resumes at an index, so a directory
 //! of 100,000 files lists in one pass.
+//!
+//! Besides the listed files, a lazy view shows one file of its own, [`LAZY_MARKER`] under
+//! `.hydrator/`, held in memory: no key can take that path, as the same rules as `sync`'s
+//! refuse every key under the top-level `.hydrator/`. The hydrated cache bound over the view
+//! has no such file, and READY instead.
 
 use std::collections::{HashMap, HashSet};
 use std::time::SystemTime;
 
 use crate::plan::filter::KeyFilter;
-use crate::plan::keys::{plan_key, KeyConflict, KeyPlan, Placement, RelPath};
+use crate::plan::keys::{plan_key, KeyConflict, KeyPlan, Placement, RelPath, STATE_DIR};
 use crate::source::list::ObjectEntry;
 
 /// The root's inode number, as the kernel knows it.
 pub(crate) const ROOT: u64 = fuser::INodeNo::ROOT.0;
 
+/// The name, under `.hydrator/`, of the file a lazy view shows from the start: a trainer may
+/// begin on it, or wait for READY (which only a complete dataset has).
+pub(crate) const LAZY_MARKER: &str = "LAZY";
+
 pub(crate) enum Kind {
-    Dir { entries: Vec<(String, u64)> },
+    Dir {
+        entries: Vec<(String, u64)>,
+    },
     File(FileNode),
+    /// A file of the view's own, served from these bytes.
+    Memory(Vec<u8>),
 }
 
 pub(crate) struct FileNode {
@@ -142,6 +155,23 @@ impl Tree {
         (tree, collisions)
     }
 
+    /// Adds `.hydrator/LAZY`, naming the dataset and the snapshot digest whose view this is,
+    /// one `key=value` a line.
+    pub(crate) fn mark_lazy(&mut self, dataset: &str, snapshot: &str) {
+        let dir = self.add(
+            ROOT,
+            STATE_DIR,
+            Kind::Dir {
+                entries: Vec::new(),
+            },
+        );
+        let text = format!("dataset={dataset}\nsnapshot={snapshot}\n");
+        self.add(dir, LAZY_MARKER, Kind::Memory(text.into_bytes()));
+        if let Kind::Dir { entries } = &mut self.nodes[0].kind {
+            entries.sort_unstable();
+        }
+    }
+
     fn add(&mut self, parent: u64, name: &str, kind: Kind) -> u64 {
         self.nodes.push(Node { parent, kind });
         let ino = self.nodes.len() as u64;
@@ -225,6 +255,30 @@ mod tests {
         assert_eq!(tree.node(e).unwrap().parent, d);
         assert!(tree.lookup(ROOT, "zz").is_none());
         assert!(tree.lookup(e, "x").is_none(), "a file has no entries");
+    }
+
+    #[test]
+    fn the_lazy_marker_is_in_memory_under_hydrator_beside_the_files() {
+        let (mut tree, _) = Tree::build(listed(&["a", "z"]));
+        tree.mark_lazy("imagenet", "d1ce");
+        let Kind::Dir { entries } = &tree.node(ROOT).unwrap().kind else {
+            panic!("the root is a directory");
+        };
+        let names: Vec<&str> = entries.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, [".hydrator", "a", "z"], "sorted for the lookups");
+        let state = tree.lookup(ROOT, ".hydrator").unwrap();
+        let marker = tree.lookup(state, "LAZY").unwrap();
+        assert!(matches!(
+            &tree.node(marker).unwrap().kind,
+            Kind::Memory(text) if text == b"dataset=imagenet\nsnapshot=d1ce\n"
+        ));
+        assert_eq!(tree.node(marker).unwrap().parent, state);
+        assert!(tree.lookup(state, "READY").is_none());
+        assert_eq!(
+            (tree.files(), tree.bytes()),
+            (2, 2),
+            "the dataset's files only"
+        );
     }
 
     #[test]

@@ -14,6 +14,13 @@
 //!   [`IDLE_BACKINGS`] idle ones): an open of a file opened before then costs one round trip
 //!   and no syscall here. Where passthrough is refused, reads are served here with `pread`
 //!   (said once).
+//! - The view may be served by more than one process in its life (the CSI plugin's views are
+//!   kept across its restarts, [`super::resume`]): its inode numbers come from the snapshot, a
+//!   file handle is never reused by a later process (numbered from the time its process
+//!   started), and a read or release of a handle this process did not give out is resolved by
+//!   its inode: the local file is opened again, never guessed.
+//! - The view's own marker, `.hydrator/LAZY` ([`Kind::Memory`]), is opened and read from memory,
+//!   never asking [`Wants`]: a trainer's gate on it cannot wait on the hydration.
 //! - The view is read-only and never changes while mounted: entries and attributes are cached
 //!   by the kernel for a day, file data keeps its page cache between opens, and a close sends
 //!   no flush (`FOPEN_NOFLUSH`): each file costs this process one open and one release.
@@ -23,7 +30,7 @@ use std::ffi::OsStr;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -32,6 +39,7 @@ use fuser::{
     ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, Request,
 };
 
+use super::backings::BackingJournal;
 use super::tree::{FileNode, Kind, Tree};
 use crate::engine::schedule::{Schedule, Wanted};
 use crate::write::dest::Dest;
@@ -71,12 +79,14 @@ struct Shared {
     open: Mutex<Open>,
     /// Keys whose failure was logged by an open (once each).
     told: Mutex<HashSet<String>>,
+    /// Where the backings are written down for a later process serving the view.
+    journal: OnceLock<BackingJournal>,
 }
 
 #[derive(Default)]
 struct Open {
-    /// Files read through this process (no passthrough), by handle.
-    files: HashMap<u64, Arc<File>>,
+    /// Files read through this process (no passthrough), by handle, with their inode.
+    files: HashMap<u64, (u64, Arc<File>)>,
     /// Passthrough backing files by inode, with how many handles use each.
     backing: HashMap<u64, (Arc<BackingId>, usize)>,
     /// Inodes whose backing file lost its last handle, oldest first (an inode may be listed
@@ -112,12 +122,43 @@ impl LazyView {
                 uid: rustix::process::getuid().as_raw(),
                 gid: rustix::process::getgid().as_raw(),
                 passthrough: AtomicBool::new(false),
-                next_handle: AtomicU64::new(1),
+                next_handle: AtomicU64::new(first_handle()),
                 open: Mutex::default(),
                 told: Mutex::default(),
+                journal: OnceLock::new(),
             }),
         }
     }
+}
+
+/// What the kernel took at the view's INIT, readable once the view is handed to its session.
+pub(crate) struct Taken(Arc<Shared>);
+
+impl Taken {
+    pub(crate) fn passthrough(&self) -> bool {
+        self.0.passthrough.load(Relaxed)
+    }
+}
+
+impl LazyView {
+    pub(crate) fn taken(&self) -> Taken {
+        Taken(self.shared.clone())
+    }
+
+    /// Writes the view's backings down in `journal`, and answers with those it inherits
+    /// (a view a later process may serve again).
+    pub(crate) fn with_journal(self, journal: BackingJournal) -> Self {
+        let _ = self.shared.journal.set(journal);
+        self
+    }
+}
+
+/// The first file handle of this process: the time it started, in nanoseconds. An earlier
+/// process serving the same view gave out fewer handles than nanoseconds went by, so the
+/// handles the kernel still holds from it are never given out again here.
+fn first_handle() -> u64 {
+    let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH);
+    now.map_or(1, |since| since.as_nanos() as u64).max(1)
 }
 
 impl Shared {
@@ -126,6 +167,16 @@ impl Shared {
         let (kind, size, mtime, perm, nlink) = match &node.kind {
             Kind::Dir { .. } => (FileType::Directory, 0, SystemTime::UNIX_EPOCH, 0o555, 2),
             Kind::File(file) => (FileType::RegularFile, file.size, file.mtime, 0o444, 1),
+            Kind::Memory(bytes) => {
+                let size = bytes.len() as u64;
+                (
+                    FileType::RegularFile,
+                    size,
+                    SystemTime::UNIX_EPOCH,
+                    0o444,
+                    1,
+                )
+            }
         };
         Some(FileAttr {
             ino: INodeNo(ino),
@@ -149,8 +200,25 @@ impl Shared {
     fn file(&self, ino: u64) -> Option<&FileNode> {
         match &self.tree.node(ino)?.kind {
             Kind::File(file) => Some(file),
-            Kind::Dir { .. } => None,
+            Kind::Dir { .. } | Kind::Memory(_) => None,
         }
+    }
+
+    /// The bytes of `ino` when it is a file of the view's own.
+    fn memory(&self, ino: u64) -> Option<&[u8]> {
+        match &self.tree.node(ino)?.kind {
+            Kind::Memory(bytes) => Some(bytes),
+            Kind::Dir { .. } | Kind::File(_) => None,
+        }
+    }
+
+    /// Answers an open of a file of the view's own: its reads come here, by inode.
+    fn open_memory(&self, reply: ReplyOpen) {
+        let fh = self.next_handle.fetch_add(1, Relaxed);
+        reply.opened(
+            FileHandle(fh),
+            FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH,
+        );
     }
 
     fn open_mut(&self) -> std::sync::MutexGuard<'_, Open> {
@@ -192,7 +260,7 @@ impl Shared {
             // Another open of the file may have made its backing since.
             let backing = match open.take_kept(ino) {
                 Some(backing) => Some(backing),
-                None => match reply.open_backing(&local) {
+                None => match self.new_backing(ino, &local, &reply) {
                     Ok(backing) => {
                         let backing = Arc::new(backing);
                         open.backing.insert(ino, (backing.clone(), 1));
@@ -216,11 +284,55 @@ impl Shared {
                 );
             }
         }
-        self.open_mut().files.insert(fh, Arc::new(local));
+        self.open_mut().files.insert(fh, (ino, Arc::new(local)));
         reply.opened(
             FileHandle(fh),
             FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH,
         );
+    }
+
+    /// A backing for `ino`, whose local file is `local`: the one an earlier process of the view
+    /// left registered for it, if any (the kernel may still hold it for a file open since, and
+    /// fails an open of the inode with any other).
+    fn new_backing(&self, ino: u64, local: &File, reply: &ReplyOpen) -> std::io::Result<BackingId> {
+        let Some(journal) = self.journal.get() else {
+            return reply.open_backing(local);
+        };
+        if let Some(id) = journal.take_inherited(ino) {
+            // SAFETY: an earlier process of this view registered `id` on this connection for
+            // this inode and did not close it (the journal says so); the one `BackingId` made
+            // here is now all that closes it.
+            return Ok(unsafe { reply.wrap_backing(id) });
+        }
+        let id = reply.open_backing(local)?.into_raw();
+        journal.registered(ino, id);
+        // SAFETY: `id` was registered on this connection just now, and nothing else owns it.
+        Ok(unsafe { reply.wrap_backing(id) })
+    }
+
+    /// The local file read through handle `fh` of `ino`. A handle this process did not give
+    /// out (an earlier process of the view did) opens the file again: a handle exists only for
+    /// a file that was local and checked when opened.
+    fn handle_file(&self, ino: u64, fh: u64) -> Option<Arc<File>> {
+        if let Some((_, file)) = self.open_mut().files.get(&fh).filter(|(of, _)| *of == ino) {
+            return Some(file.clone());
+        }
+        let node = self.file(ino)?;
+        match self.dest.open_final(&node.rel) {
+            Ok(Some(local)) => {
+                let local = Arc::new(local);
+                self.open_mut().files.insert(fh, (ino, local.clone()));
+                Some(local)
+            }
+            Ok(None) => {
+                tracing::error!(key = %node.key, "a read of an open file failed with EIO: the local file is missing");
+                None
+            }
+            Err(err) => {
+                tracing::error!(key = %node.key, "a read of an open file failed with EIO: opening the local file: {err}");
+                None
+            }
+        }
     }
 
     fn fail(&self, file: &FileNode, reason: &str, reply: ReplyOpen) {
@@ -279,6 +391,9 @@ impl Filesystem for LazyView {
             return reply.error(Errno::EROFS);
         }
         let shared = &self.shared;
+        if shared.memory(ino.0).is_some() {
+            return shared.open_memory(reply);
+        }
         let Some(file) = shared.file(ino.0) else {
             return reply.error(Errno::EISDIR);
         };
@@ -307,7 +422,7 @@ impl Filesystem for LazyView {
     fn read(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -315,8 +430,11 @@ impl Filesystem for LazyView {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let Some(file) = self.shared.open_mut().files.get(&fh.0).cloned() else {
-            return reply.error(Errno::EBADF);
+        if let Some(bytes) = self.shared.memory(ino.0) {
+            return reply.data(window(bytes, offset, size));
+        }
+        let Some(file) = self.shared.handle_file(ino.0, fh.0) else {
+            return reply.error(Errno::EIO);
         };
         let mut buf = vec![0; size as usize];
         let mut filled = 0;
@@ -362,7 +480,7 @@ impl Filesystem for LazyView {
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
@@ -371,7 +489,9 @@ impl Filesystem for LazyView {
     ) {
         let mut open = self.shared.open_mut();
         open.files.remove(&fh.0);
-        if let Some(ino) = open.handles.remove(&fh.0) {
+        // A handle of an earlier process of the view has nothing here to let go of.
+        if let Some(ino) = (open.handles.get(&fh.0).copied()).filter(|of| *of == ino.0) {
+            open.handles.remove(&fh.0);
             if let Some((_, users)) = open.backing.get_mut(&ino) {
                 *users -= 1;
                 if *users == 0 {
@@ -385,6 +505,9 @@ impl Filesystem for LazyView {
                     .get(&oldest)
                     .is_some_and(|(_, users)| *users == 0)
                 {
+                    if let Some(journal) = self.shared.journal.get() {
+                        journal.closing(oldest);
+                    }
                     open.backing.remove(&oldest);
                 }
             }
@@ -398,7 +521,7 @@ impl Filesystem for LazyView {
                 FileHandle(0),
                 FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
             ),
-            Some(Kind::File(_)) => reply.error(Errno::ENOTDIR),
+            Some(Kind::File(_) | Kind::Memory(_)) => reply.error(Errno::ENOTDIR),
             None => reply.error(Errno::ENOENT),
         }
     }
@@ -425,7 +548,7 @@ impl Filesystem for LazyView {
             .chain(entries.iter().map(|(name, ino)| (name.as_str(), *ino)));
         for (i, (name, entry)) in all.enumerate().skip(offset as usize) {
             let kind = match tree.node(entry).map(|n| &n.kind) {
-                Some(Kind::File(_)) => FileType::RegularFile,
+                Some(Kind::File(_) | Kind::Memory(_)) => FileType::RegularFile,
                 _ => FileType::Directory,
             };
             if reply.add(INodeNo(entry), i as u64 + 1, kind, name) {
@@ -441,4 +564,11 @@ impl Filesystem for LazyView {
         let files = tree.files() as u64;
         reply.statfs(blocks, 0, 0, files, 0, 4096, 255, 4096);
     }
+}
+
+/// The part of `bytes` a read at `offset` of `size` bytes gets.
+fn window(bytes: &[u8], offset: u64, size: u32) -> &[u8] {
+    let start = usize::try_from(offset).map_or(bytes.len(), |at| at.min(bytes.len()));
+    let end = start.saturating_add(size as usize).min(bytes.len());
+    &bytes[start..end]
 }

@@ -6,10 +6,12 @@
 #  2. a pod with an inline csi volume (`start: ready`) reads its dataset byte for byte; deleting
 #     it unpublishes the volume and releases the lease;
 #  3. a pod on a lazy volume starts before the dataset is READY and reads it whole;
-#  4. a rollout of the DaemonSet (new image, then a catalog edit) while pods read: what a pod on
-#     a ready volume and a pod on a lazy volume see is printed, and the ready one must read on;
-#  5. volume health: that lazy volume, whose view ended with its plugin, shows in the pod's
-#     events;
+#  4. while a pod reads a ready volume and another a lazy one (still hydrating): a kill -9 of
+#     the CSI plugin, a rollout of the DaemonSet (new image) and a catalog edit (which rolls
+#     nothing: the ConfigMap keeps its name, the same pod reloads the catalog); both pods read
+#     on with no failed read, the lazy one its dataset byte for byte (the keeper holds its view);
+#  5. volume health: a lazy view ended on purpose (the keeper and the plugin killed together)
+#     shows in the pod's events;
 #  6. every example under k8s/examples/ runs to completion (tests/cluster/overlays/EXAMPLE),
 #     its trainer's hashes equal to MinIO's, init-container and csi-job in namespaces that
 #     enforce the Restricted Pod Security level.
@@ -60,6 +62,8 @@ registered() {
 }
 logs() { kube -n "${2:-cluster-tests}" logs "$1" -c trainer 2>/dev/null || true; }
 logged() { logs "$1" | grep -q "$2"; } # POD PATTERN
+daemon_pod() { kube -n hydrator-system get pods -l app.kubernetes.io/name=hydrator -o jsonpath='{.items[*].metadata.uid}'; }
+reloaded() { kube -n hydrator-system logs ds/hydrator -c daemon 2>/dev/null | grep -q 'catalog reloaded'; }
 leases() { curl -sf --unix-socket /run/hydrator/hydrator.sock http://daemon/v1/leases; }
 lease_gone() { local held; held=$(leases) && ! grep -q "$1" <<<"$held"; } # a daemon that answers
 abnormal() { # POD: the message of its VolumeConditionAbnormal event, if any
@@ -82,9 +86,9 @@ fi
 ctr -n k8s.io images import "$work/hydrator.tar" >/dev/null
 
 # MinIO on the host, where pods reach it through the bridge's gateway; three datasets:
-# `imagenet` (many small files and one multipart object), `coco` (96 MiB) and `places`
-# (160 MiB), both lazy and hydrated slowly by the test catalog (4 MiB/s).
-mkdir -p "$work/minio" "$work/seed/imagenet" "$work/seed/coco" "$work/seed/places"
+# `imagenet` (many small files and one multipart object), and three lazy ones hydrated slowly
+# by the test catalog (4 MiB/s): `coco` (96 MiB), `places` (384 MiB) and `sun` (128 MiB).
+mkdir -p "$work/minio" "$work/seed/imagenet" "$work/seed/coco" "$work/seed/places" "$work/seed/sun"
 export MINIO_ROOT_USER=hydrator-cluster MINIO_ROOT_PASSWORD=cluster-secret-key-0001
 setsid "$minio_bin/minio" server "$work/minio" --address "0.0.0.0:$MINIO_PORT" \
     --console-address 127.0.0.1:$((MINIO_PORT + 1)) >"$work/minio.log" 2>&1 &
@@ -100,15 +104,20 @@ head -c $((24 << 20)) /dev/urandom >"$work/seed/imagenet/val/shard-0000.tar"
 for i in $(seq 0 5); do
     head -c $((16 << 20)) /dev/urandom >"$work/seed/coco/shard-$i.tar"
 done
-for i in $(seq 0 9); do
+for i in $(seq -w 0 23); do
     head -c $((16 << 20)) /dev/urandom >"$work/seed/places/shard-$i.tar"
+done
+for i in $(seq 0 7); do
+    head -c $((16 << 20)) /dev/urandom >"$work/seed/sun/shard-$i.tar"
 done
 "$minio_bin/mc" mb --quiet store/datasets >/dev/null
 "$minio_bin/mc" cp --quiet --recursive "$work/seed/imagenet/" store/datasets/imagenet/train/ >/dev/null
 "$minio_bin/mc" cp --quiet --recursive "$work/seed/coco/" store/datasets/coco-2017/ >/dev/null
 "$minio_bin/mc" cp --quiet --recursive "$work/seed/places/" store/datasets/places365/ >/dev/null
+"$minio_bin/mc" cp --quiet --recursive "$work/seed/sun/" store/datasets/sun397/ >/dev/null
 (cd "$work/seed/imagenet" && find . -type f | sort | xargs sha256sum) >"$work/imagenet.sha"
 (cd "$work/seed/coco" && find . -type f | sort | xargs sha256sum) >"$work/coco.sha"
+(cd "$work/seed/places" && find . -type f | sort | xargs sha256sum) >"$work/places.sha"
 
 # 1. The node cache, applied as a platform team would.
 kube apply -f "$repo/k8s/node-cache/namespace.yaml" >/dev/null
@@ -195,46 +204,87 @@ wait_for "ready-reader's lease released" 60 lease_gone "$reader_uid" || fail "th
 grep -q "/var/lib/kubelet/pods/$reader_uid/" /proc/mounts && fail "ready-reader's volume is still mounted"
 ok "deleting the pod unpublished its volume and released its lease"
 
-# 4. A rollout while pods read: a new image, then a catalog edit. The ready volume is a bind
-# mount and must read on; the lazy one (places, still hydrating) is served by the plugin.
+# 4. Disruptions while pods read: a ready volume (a bind mount) and a lazy one (places, still
+# hydrating, its view served by the plugin and held by the keeper). Each pod must read on with
+# no failed read: the lazy pod hashes places as it arrives, through all three.
 pod ready-reader imagenet
 pod rollout-reader places lazy
 for reader in ready-reader rollout-reader; do
     wait_for "$reader's first read" 120 logged "$reader" '^start:' || fail "$reader did not start"
 done
-logs rollout-reader | grep -qx "start: not READY" || fail "places was READY before the rollout"
-rollout() { # what
-    local before_ready before_lazy
+logs rollout-reader | grep -qx "start: not READY" || fail "places was READY before the disruptions"
+failed_reads() { # POD FROM-LINE: failed passes and failed hashes since that line
+    logs "$1" | tail -n +$(($2 + 1)) | grep -c -e '^read: failed' -e '^sha256sum:' || true
+}
+disrupt() { # what command...
+    local what=$1 before_ready before_lazy
+    shift
     before_ready=$(logs ready-reader | wc -l)
     before_lazy=$(logs rollout-reader | wc -l)
-    kube -n hydrator-system rollout status ds/hydrator --timeout=180s >/dev/null || fail "$1: the rollout did not finish"
+    "$@"
+    kube -n hydrator-system rollout status ds/hydrator --timeout=180s >/dev/null || fail "$what: the DaemonSet did not come back"
     sleep 10
     local ready_failed lazy_failed
-    ready_failed=$(logs ready-reader | tail -n +$((before_ready + 1)) | grep -c '^read: failed' || true)
-    lazy_failed=$(logs rollout-reader | tail -n +$((before_lazy + 1)) | grep -c '^read: failed' || true)
-    echo "rollout ($1): pod on a ready volume: $ready_failed failed reads;" \
-        "pod on a lazy volume: $lazy_failed failed reads, the last: $(logs rollout-reader | grep '^read:' | tail -1)"
-    ((ready_failed == 0)) || fail "$1: a pod on a ready volume failed to read: $(logs ready-reader | grep failed | tail -1)"
+    ready_failed=$(failed_reads ready-reader "$before_ready")
+    lazy_failed=$(failed_reads rollout-reader "$before_lazy")
+    echo "$what: pod on a ready volume: $ready_failed failed reads; pod on a lazy volume: $lazy_failed failed reads"
+    ((ready_failed == 0)) || fail "$what: a pod on a ready volume failed to read: $(logs ready-reader | grep failed | tail -1)"
+    ((lazy_failed == 0)) || fail "$what: a pod on a lazy volume failed to read: $(logs rollout-reader | grep -e failed -e sha256sum: | tail -1)"
 }
-ctr -n k8s.io images tag "$HYDRATOR_IMAGE" "${HYDRATOR_IMAGE}-2" >/dev/null
-kube -n hydrator-system set image ds/hydrator "daemon=${HYDRATOR_IMAGE}-2" "csi=${HYDRATOR_IMAGE}-2" >/dev/null
-rollout "image change"
+# The processes of the node's containers, as the host sees them.
+plugin_pid() { pgrep -f -- ' csi --endpoint=' | head -1; }
+keeper_pid() { pgrep -f -- 'csi-keeper --socket' | head -1; }
+served_again() { kube -n hydrator-system logs ds/hydrator -c csi 2>/dev/null | grep -q 'serving again the lazy view'; }
+plugin_replaced() { local now; now=$(plugin_pid) && [[ -n "$now" && "$now" != "$1" ]]; }
+kill_plugin() {
+    local pid
+    pid=$(plugin_pid) || fail "no CSI plugin process on the host"
+    kill -9 "$pid"
+    wait_for "the plugin's restart by the kubelet" 120 plugin_replaced "$pid" || fail "the kubelet did not restart the plugin"
+    wait_for "the restarted plugin serving the view again" 60 served_again \
+        || fail "the restarted plugin did not serve the lazy view again: $(kube -n hydrator-system logs ds/hydrator -c csi | tail -3)"
+}
+disrupt "kill -9 of the CSI plugin" kill_plugin
+new_image() {
+    ctr -n k8s.io images tag "$HYDRATOR_IMAGE" "${HYDRATOR_IMAGE}-2" >/dev/null
+    kube -n hydrator-system set image ds/hydrator "daemon=${HYDRATOR_IMAGE}-2" "csi=${HYDRATOR_IMAGE}-2" >/dev/null
+    kube -n hydrator-system rollout status ds/hydrator --timeout=180s >/dev/null || fail "the rollout did not finish"
+    wait_for "the new plugin serving the view again" 60 served_again || fail "the new plugin did not serve the lazy view again"
+}
+disrupt "rollout (new image)" new_image
 # The catalog edit as a platform team makes it: the file changes, `kubectl apply -k` again.
-# A copy keeps the overlay's relative path to k8s/ (kustomize takes no absolute one).
+# A copy keeps the overlay's relative path to k8s/ (kustomize takes no absolute one). The
+# ConfigMap keeps its name, so the DaemonSet is unchanged: the same pod goes on, and its daemon
+# reloads the file once the kubelet has refreshed it (a minute or so).
 edited="$work/edited/tests/cluster/overlays/node-cache"
 mkdir -p "$(dirname "$edited")"
 cp -r "$repo/k8s" "$work/edited/k8s"
 cp -r "$here/overlays/node-cache" "$edited"
 sed -i 's/newTag: cluster$/newTag: cluster-2/' "$edited/kustomization.yaml"
 sed -i 's/^default_lease_ttl_seconds = 3600/default_lease_ttl_seconds = 1800/' "$edited/catalog.toml"
-kube apply -k "$edited" >/dev/null
-rollout "catalog edit"
+pod_before=$(daemon_pod)
+edit_catalog() {
+    kube apply -k "$edited" >/dev/null
+    wait_for "the daemon's reload of the edited catalog" 180 reloaded \
+        || fail "the daemon did not reload the edited catalog"
+}
+disrupt "catalog edit" edit_catalog
+[[ $(daemon_pod) == "$pod_before" ]] || fail "the catalog edit replaced the DaemonSet's pod"
+ok "catalog edit: no rollout, the same pod reloaded the catalog"
+wait_for "rollout-reader's hashes" 300 logged rollout-reader '^hashed' || fail "rollout-reader never hashed places"
+diff <(hashes rollout-reader) "$work/places.sha" >/dev/null \
+    || fail "the lazy pod's places differs from MinIO's: $(diff <(hashes rollout-reader) "$work/places.sha" | head -3)"
+ok "a lazy volume through a kill -9 of the plugin, a rollout and a catalog edit: no failed read, places byte for byte"
 
-# 5. Volume health: the lazy view that ended with its plugin is reported abnormal in the pod's
-# events (the kubelet's CSIVolumeHealth, from NodeGetVolumeStats).
-wait_for "a VolumeConditionAbnormal event on rollout-reader" 120 reported_abnormal rollout-reader \
+# 5. Volume health: a lazy view that ends (the keeper and the plugin killed together) is
+# reported abnormal in the pod's events (the kubelet's CSIVolumeHealth, from NodeGetVolumeStats).
+pod ended-reader sun lazy
+wait_for "ended-reader's start" 120 logged ended-reader '^start:' || fail "ended-reader did not start"
+logs ended-reader | grep -qx "start: not READY" || fail "sun was READY before ended-reader started"
+kill -9 "$(keeper_pid)" "$(plugin_pid)"
+wait_for "a VolumeConditionAbnormal event on ended-reader" 180 reported_abnormal ended-reader \
     || fail "the lazy volume whose view ended shows no VolumeConditionAbnormal event"
-ok "volume health: the pod's events say: $(abnormal rollout-reader)"
+ok "volume health: the pod's events say: $(abnormal ended-reader)"
 kube delete namespace cluster-tests --wait=true --timeout=120s >/dev/null
 
 # 6. The examples, each as shipped (overlays/EXAMPLE says what the test changes).

@@ -374,11 +374,23 @@ fn a_lazy_volume_starts_while_the_dataset_hydrates_and_the_next_pod_after_ready_
         let mut names: Vec<_> = std::fs::read_dir(&early)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| name != ".hydrator")
             .collect();
         names.sort();
         names
     };
     assert_eq!(names, shards.keys().cloned().collect::<Vec<_>>());
+    // The gate a trainer can start on: the view's marker, naming the snapshot; READY is the
+    // complete dataset's.
+    let snapshot = daemon.status("lazy")["snapshot"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        std::fs::read_to_string(early.join(".hydrator/LAZY")).unwrap(),
+        format!("dataset=lazy\nsnapshot={snapshot}\n")
+    );
+    assert!(!early.join(".hydrator/READY").exists());
     assert_eq!(
         std::fs::metadata(early.join("s-077.bin")).unwrap().len(),
         64 << 10
@@ -452,14 +464,20 @@ fn a_lazy_volume_starts_while_the_dataset_hydrates_and_the_next_pod_after_ready_
     assert!(leases(&daemon).is_empty(), "{:?}", leases(&daemon));
 }
 
+/// The lazy dataset `lz` (120 shards, about 15 s of hydration: still incomplete when a test
+/// restarts the plugin), its catalog and its daemon.
+fn slowly_hydrating(server: &Server, dir: &Path) -> (BTreeMap<String, Vec<u8>>, String, Daemon) {
+    let shards = slow_shards(server, "lz/", 120, Duration::from_secs(1));
+    let text = csi_catalog(dir, server, "1GiB", &["lz"]);
+    let daemon = Daemon::start(dir, &server.target, &text);
+    (shards, text, daemon)
+}
+
 #[test]
 fn a_restart_of_the_plugin_fails_lazy_reads_with_enotconn_and_a_restart_of_the_daemon_does_not() {
     let server = Server::local();
     let dir = tempfile::tempdir().unwrap();
-    // About 15 s of hydration: still incomplete when the plugin restarts.
-    let shards = slow_shards(&server, "lz/", 120, Duration::from_secs(1));
-    let text = csi_catalog(dir.path(), &server, "1GiB", &["lz"]);
-    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    let (shards, text, daemon) = slowly_hydrating(&server, dir.path());
     let mut csi = Csi::start(dir.path(), &daemon);
     let target = dir.path().join("pods/uid-1/mount");
     let lazy = Volume {
@@ -520,6 +538,87 @@ fn a_restart_of_the_plugin_fails_lazy_reads_with_enotconn_and_a_restart_of_the_d
     csi.unpublish("vol-1", &target).unwrap();
     assert_eq!(mounts_on(&target), 0);
     assert!(leases(&daemon).is_empty());
+}
+
+#[test]
+fn a_lazy_view_held_by_the_keeper_outlives_kill_9_of_the_plugin_and_a_restart_of_the_keeper() {
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    let (shards, _, daemon) = slowly_hydrating(&server, dir.path());
+    let csi = Csi::start_with_keeper(dir.path(), &daemon);
+    let target = dir.path().join("pods/uid-1/mount");
+    let lazy = Volume {
+        attributes: &[("start", "lazy")],
+        ..volume("vol-1", "uid-1", "lz", &target)
+    };
+    csi.publish_when_ready(&lazy);
+    assert!(std::fs::read(target.join("s-000.bin")).unwrap() == shards["s-000.bin"]);
+    let mut open = std::fs::File::open(target.join("s-000.bin")).unwrap();
+    let read_in_thread = |name: &str| {
+        let path = target.join(name);
+        std::thread::spawn(move || std::fs::read(path))
+    };
+
+    // An open waiting for its file when the plugin is killed, and one made while no plugin
+    // runs: both wait for the next plugin, and get their file whole.
+    let in_flight = read_in_thread("s-110.bin");
+    std::thread::sleep(Duration::from_millis(500));
+    csi.kill();
+    assert_eq!(daemon.status("lz")["state"], "hydrating", "still the view");
+    let while_down = read_in_thread("s-005.bin");
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        !while_down.is_finished(),
+        "an open waits for the next plugin"
+    );
+    csi.kill_and_restart(Duration::ZERO);
+    let in_flight = in_flight
+        .join()
+        .unwrap()
+        .expect("the open in flight is answered");
+    assert!(in_flight == shards["s-110.bin"]);
+    let while_down = while_down
+        .join()
+        .unwrap()
+        .expect("the open made meanwhile is answered");
+    assert!(while_down == shards["s-005.bin"]);
+    assert!(
+        csi.log().contains("serving again the lazy view"),
+        "{}",
+        csi.log()
+    );
+    // A file open all along reads on, and every file reads whole through the view.
+    let mut kept = Vec::new();
+    std::io::Read::read_to_end(&mut open, &mut kept).unwrap();
+    assert!(kept == shards["s-000.bin"]);
+    for (name, expected) in &shards {
+        let read = std::fs::read(target.join(name))
+            .unwrap_or_else(|err| panic!("{name}: {err}\n{}", csi.log()));
+        assert!(&read == expected, "{name} differs");
+    }
+    let condition = csi
+        .volume_stats("vol-1", &target)
+        .unwrap()
+        .volume_condition
+        .unwrap();
+    assert!(!condition.abnormal, "{condition:?}");
+
+    // The keeper restarts alone and is handed the view again; then the plugin dies once more.
+    csi.restart_keeper();
+    crate::support::wait_until("the view is kept again", Duration::from_secs(20), || {
+        csi.keeper_log().matches("keeping the lazy view").count() >= 2
+    });
+    csi.kill_and_restart(Duration::ZERO);
+    assert!(std::fs::read(target.join("s-007.bin")).unwrap() == shards["s-007.bin"]);
+
+    // Once its pod is gone, it is unpublished cleanly: the keeper lets the connection go.
+    drop(open);
+    csi.unpublish("vol-1", &target).unwrap();
+    assert_eq!(mounts_on(&target), 0);
+    assert!(leases(&daemon).is_empty());
+    crate::support::wait_until("the keeper drops the view", Duration::from_secs(10), || {
+        csi.keeper_log().contains("the lazy view ended")
+    });
 }
 
 #[test]

@@ -538,6 +538,104 @@ fn sighup_reloads_the_catalog_and_a_bad_one_is_refused() {
     assert_ok(&daemon.warm("two", &[]), &daemon);
 }
 
+/// A catalog directory laid out as the kubelet lays out a ConfigMap volume: `catalog.toml` is
+/// a symlink to `..data/catalog.toml`, and `..data` a symlink to a timestamped directory.
+struct KubeletCatalog {
+    dir: PathBuf,
+    generation: u32,
+}
+
+impl KubeletCatalog {
+    fn new(dir: &Path) -> Self {
+        let mut catalog = Self {
+            dir: dir.to_path_buf(),
+            generation: 0,
+        };
+        catalog.swap_in("");
+        std::os::unix::fs::symlink("..data/catalog.toml", dir.join("catalog.toml")).unwrap();
+        catalog
+    }
+
+    /// As the kubelet's update: the new content in a new directory, `..data` swapped to it
+    /// with a rename, the old directory removed. The file the daemon opened is never written.
+    fn swap_in(&mut self, text: &str) {
+        self.generation += 1;
+        let fresh = format!(
+            "..2026_12_06_00_00_0{}.{}",
+            self.generation, self.generation
+        );
+        std::fs::create_dir(self.dir.join(&fresh)).unwrap();
+        std::fs::write(self.dir.join(&fresh).join("catalog.toml"), text).unwrap();
+        let old = std::fs::read_link(self.dir.join("..data")).ok();
+        std::os::unix::fs::symlink(&fresh, self.dir.join("..data_tmp")).unwrap();
+        std::fs::rename(self.dir.join("..data_tmp"), self.dir.join("..data")).unwrap();
+        if let Some(old) = old {
+            std::fs::remove_dir_all(self.dir.join(old)).unwrap();
+        }
+    }
+}
+
+/// The daemon on a kubelet-style catalog of dataset `one` (with `two` seeded but not in it).
+fn daemon_on_a_kubelet_catalog(server: &Server, dir: &Path) -> (Daemon, KubeletCatalog) {
+    server.seed("one/", &files(&[("x", content(1, 100))]));
+    server.seed("two/", &files(&[("y", content(2, 100))]));
+    let volume = KubeletCatalog::new(dir);
+    let text = catalog(dir, &server.target, "1GiB", "", &[dataset("one", "one/")]);
+    // Written through the symlinks, into the timestamped directory.
+    let daemon = Daemon::start(dir, &server.target, &text);
+    assert!(
+        std::fs::symlink_metadata(dir.join("catalog.toml"))
+            .unwrap()
+            .is_symlink(),
+        "the daemon reads the catalog through the kubelet's symlinks"
+    );
+    (daemon, volume)
+}
+
+#[test]
+fn a_catalog_swapped_in_by_the_kubelet_is_served_within_seconds_without_sighup() {
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    let (daemon, mut volume) = daemon_on_a_kubelet_catalog(&server, dir.path());
+    assert_ok(&daemon.warm("one", &[]), &daemon);
+    assert_eq!(daemon.warm("two", &[]).status.code(), Some(2), "not yet");
+
+    let both = [dataset("one", "one/"), dataset("two", "two/")];
+    volume.swap_in(&catalog(dir.path(), &server.target, "1GiB", "", &both));
+    wait_until("two is in the catalog", Duration::from_secs(10), || {
+        daemon.request("GET", "/v1/datasets/two", "").0 == 200
+    });
+    assert_ok(&daemon.warm("two", &[]), &daemon);
+    let log = daemon.log();
+    assert!(log.contains("catalog.toml changed"), "{log}");
+    assert!(log.contains("catalog reloaded: 2 datasets"), "{log}");
+    assert!(log.contains("added=two"), "{log}");
+}
+
+#[test]
+fn a_broken_catalog_swapped_in_is_refused_and_the_running_one_serves_on() {
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    let (daemon, mut volume) = daemon_on_a_kubelet_catalog(&server, dir.path());
+
+    volume.swap_in("[cache\n");
+    wait_until(
+        "the broken catalog is refused",
+        Duration::from_secs(10),
+        || daemon.log().contains("reload refused"),
+    );
+    assert_ok(&daemon.warm("one", &[]), &daemon);
+    assert_eq!(daemon.status("one")["state"], "ready");
+    std::thread::sleep(Duration::from_secs(5)); // two polls more
+    let log = daemon.log();
+    assert!(!log.contains("catalog reloaded"), "{log}");
+    assert_eq!(
+        log.matches("reload refused").count(),
+        1,
+        "refused once, not at every poll: {log}"
+    );
+}
+
 #[test]
 fn warm_falls_back_to_a_direct_sync_when_no_daemon_answers() {
     let server = Server::local();

@@ -68,7 +68,7 @@ fn names_and_sizes_show_before_data_and_reads_match_the_store() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     top.sort();
-    assert_eq!(top, ["d", "empty", "top.txt"]);
+    assert_eq!(top, [".hydrator", "d", "empty", "top.txt"]);
     assert!(std::fs::metadata(mount.path("d/e")).unwrap().is_dir());
     assert!(
         started.elapsed() < Duration::from_secs(1),
@@ -118,6 +118,59 @@ fn names_and_sizes_show_before_data_and_reads_match_the_store() {
     let mut mount = mount;
     assert_eq!(mount.stop("TERM"), Some(0), "{}", mount.log());
     assert_eq!(mounts_on(&mount.mountpoint), 0, "both unmounted");
+}
+
+#[test]
+fn the_lazy_marker_shows_at_once_naming_the_snapshot_and_ready_only_once_complete() {
+    let server = Server::local();
+    let dataset = shards("m/", 4, 100_000);
+    server.seed("marked/", &dataset);
+    let dir = tempfile::tempdir().unwrap();
+    let digest = server.snapshot("marked/", &dir.path().join("snap.json"))["digest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    slow_gets(&server, "/marked/", Duration::from_secs(2));
+    let mount = Mounted::start(&server, "marked/", &[]);
+
+    // At once, from memory: no GET has ended, nothing is local, READY is not there.
+    let started = Instant::now();
+    let marker = std::fs::read_to_string(mount.path(".hydrator/LAZY")).unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "the marker waited {:?}",
+        started.elapsed()
+    );
+    let url = format!("s3://{}/marked/", server.target.bucket);
+    assert_eq!(marker, format!("dataset={url}\nsnapshot={digest}\n"));
+    assert!(
+        local_files(&mount.cache, "m").is_empty(),
+        "nothing local yet"
+    );
+    assert!(!mount.path(".hydrator/READY").exists(), "not complete");
+    let meta = std::fs::metadata(mount.path(".hydrator/LAZY")).unwrap();
+    assert_eq!(
+        (meta.len(), meta.mode() & 0o777),
+        (marker.len() as u64, 0o444)
+    );
+    let write = std::fs::OpenOptions::new()
+        .write(true)
+        .open(mount.path(".hydrator/LAZY"));
+    assert_eq!(write.unwrap_err().raw_os_error(), Some(libc::EROFS));
+    // A read at an offset, as the kernel may ask.
+    let mut tail = String::new();
+    let mut file = std::fs::File::open(mount.path(".hydrator/LAZY")).unwrap();
+    std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(8)).unwrap();
+    file.read_to_string(&mut tail).unwrap();
+    assert_eq!(tail, marker[8..]);
+
+    // Complete: the cache over the view has READY, and no marker.
+    server.faults.clear();
+    wait_until("the cache over the view", Duration::from_secs(60), || {
+        cache_on_top(&mount.mountpoint)
+    });
+    assert!(mount.path(".hydrator/READY").exists());
+    assert!(!mount.path(".hydrator/LAZY").exists());
 }
 
 /// A GET of `key` that stalls for a minute: the dataset stays incomplete through a test.
@@ -320,9 +373,13 @@ fn hostile_keys_stay_out_of_the_view_and_out_of_the_filesystem() {
         }
     }
     seen.sort();
-    assert_eq!(seen, ["ok/shard-000.bin", "ok/shard-001.bin"]);
+    // The view's own marker, never the listed `.hydrator/READY`.
+    assert_eq!(
+        seen,
+        [".hydrator/LAZY", "ok/shard-000.bin", "ok/shard-001.bin"]
+    );
     assert!(std::fs::metadata(mount.path("../escape.txt")).is_err());
-    assert!(std::fs::metadata(mount.path(".hydrator")).is_err());
+    assert!(std::fs::metadata(mount.path(".hydrator/READY")).is_err());
     for (path, data) in &good {
         assert!(std::fs::read(mount.path(path)).unwrap() == *data);
     }

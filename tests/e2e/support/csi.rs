@@ -32,6 +32,8 @@ pub struct Csi {
     pub socket: PathBuf,
     dir: PathBuf,
     daemon_socket: PathBuf,
+    /// `hydrator csi-keeper`, which holds the lazy views' connections, and its socket.
+    keeper: Option<(Mutex<Child>, PathBuf)>,
     runtime: tokio::runtime::Runtime,
 }
 
@@ -60,17 +62,47 @@ pub fn volume<'a>(id: &'a str, pod_uid: &'a str, dataset: &'a str, target: &'a P
 impl Csi {
     /// Starts `hydrator csi` in `dir` against `daemon`; waits until it answers a probe.
     pub fn start(dir: &Path, daemon: &Daemon) -> Self {
+        Self::start_beside(dir, daemon, None)
+    }
+
+    /// [`Csi::start`] with `hydrator csi-keeper` beside it, as the manifests run them.
+    pub fn start_with_keeper(dir: &Path, daemon: &Daemon) -> Self {
+        let socket = dir.join("keeper/keeper.sock");
+        let keeper = spawn_keeper(dir, &socket);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !socket.exists() {
+            assert!(Instant::now() < deadline, "the keeper is not up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Self::start_beside(dir, daemon, Some((Mutex::new(keeper), socket)))
+    }
+
+    fn start_beside(dir: &Path, daemon: &Daemon, keeper: Option<(Mutex<Child>, PathBuf)>) -> Self {
         let socket = dir.join("csi.sock");
-        let child = spawn(dir, &socket, &daemon.socket);
+        let keeper_socket = keeper.as_ref().map(|(_, socket)| socket.as_path());
+        let child = spawn(dir, &socket, &daemon.socket, keeper_socket);
         let csi = Self {
             child: Mutex::new(child),
             socket,
             dir: dir.to_path_buf(),
             daemon_socket: daemon.socket.clone(),
+            keeper,
             runtime: tokio::runtime::Runtime::new().unwrap(),
         };
         csi.wait_until_ready();
         csi
+    }
+
+    /// SIGKILL to the keeper, then starts it again: it comes back holding nothing.
+    pub fn restart_keeper(&self) {
+        let (keeper, socket) = self.keeper.as_ref().expect("started with a keeper");
+        let mut keeper = keeper
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let _ = keeper.kill();
+        let _ = keeper.wait();
+        let _ = std::fs::remove_file(socket);
+        *keeper = spawn_keeper(&self.dir, socket);
     }
 
     fn wait_until_ready(&self) {
@@ -83,6 +115,10 @@ impl Csi {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("csi.log")).unwrap_or_default()
+    }
+
+    pub fn keeper_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("keeper.log")).unwrap_or_default()
     }
 
     /// The process id of the running plugin.
@@ -116,7 +152,8 @@ impl Csi {
         let _ = child.kill();
         let _ = child.wait();
         std::thread::sleep(down);
-        *child = spawn(&self.dir, &self.socket, &self.daemon_socket);
+        let keeper_socket = self.keeper.as_ref().map(|(_, socket)| socket.as_path());
+        *child = spawn(&self.dir, &self.socket, &self.daemon_socket, keeper_socket);
         drop(child);
         self.wait_until_ready();
     }
@@ -294,6 +331,13 @@ impl Csi {
 impl Drop for Csi {
     fn drop(&mut self) {
         self.kill();
+        if let Some((keeper, _)) = &self.keeper {
+            let mut keeper = keeper
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let _ = keeper.kill();
+            let _ = keeper.wait();
+        }
         let pods = self.dir.join("pods");
         // Stacked mounts come off one per pass.
         for _ in 0..8 {
@@ -342,13 +386,14 @@ pub fn mounted_snapshot(target: &Path) -> Option<String> {
 }
 
 /// `hydrator csi` for the daemon on `daemon_socket`, logging into `dir/csi.log`.
-fn spawn(dir: &Path, socket: &Path, daemon_socket: &Path) -> Child {
+fn spawn(dir: &Path, socket: &Path, daemon_socket: &Path, keeper: Option<&Path>) -> Child {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(dir.join("csi.log"))
         .unwrap();
-    std::process::Command::new(env!("CARGO_BIN_EXE_hydrator"))
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_hydrator"));
+    command
         .env_clear()
         .arg("csi")
         .arg("--endpoint")
@@ -361,7 +406,29 @@ fn spawn(dir: &Path, socket: &Path, daemon_socket: &Path) -> Child {
         .arg("--registration-dir")
         .arg(dir.join("registry"))
         .arg("--daemon")
-        .arg(format!("unix://{}", daemon_socket.display()))
+        .arg(format!("unix://{}", daemon_socket.display()));
+    if let Some(keeper) = keeper {
+        command.arg("--keeper-socket").arg(keeper);
+    }
+    command
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log))
+        .spawn()
+        .unwrap()
+}
+
+/// `hydrator csi-keeper` on `socket`, logging beside the plugin.
+fn spawn_keeper(dir: &Path, socket: &Path) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("keeper.log"))
+        .unwrap();
+    std::process::Command::new(env!("CARGO_BIN_EXE_hydrator"))
+        .env_clear()
+        .arg("csi-keeper")
+        .arg("--socket")
+        .arg(socket)
         .stdout(Stdio::null())
         .stderr(Stdio::from(log))
         .spawn()
