@@ -464,6 +464,16 @@ fn a_lazy_volume_starts_while_the_dataset_hydrates_and_the_next_pod_after_ready_
     assert!(leases(&daemon).is_empty(), "{:?}", leases(&daemon));
 }
 
+/// Publishes `lz` lazily at `target` (volume vol-1 of pod uid-1) and reads its first shard.
+fn publish_lz(csi: &Csi, target: &Path, shards: &BTreeMap<String, Vec<u8>>) {
+    let lazy = Volume {
+        attributes: &[("start", "lazy")],
+        ..volume("vol-1", "uid-1", "lz", target)
+    };
+    csi.publish_when_ready(&lazy);
+    assert!(std::fs::read(target.join("s-000.bin")).unwrap() == shards["s-000.bin"]);
+}
+
 /// The lazy dataset `lz` (120 shards, about 15 s of hydration: still incomplete when a test
 /// restarts the plugin), its catalog and its daemon.
 fn slowly_hydrating(server: &Server, dir: &Path) -> (BTreeMap<String, Vec<u8>>, String, Daemon) {
@@ -480,12 +490,7 @@ fn a_restart_of_the_plugin_fails_lazy_reads_with_enotconn_and_a_restart_of_the_d
     let (shards, text, daemon) = slowly_hydrating(&server, dir.path());
     let mut csi = Csi::start(dir.path(), &daemon);
     let target = dir.path().join("pods/uid-1/mount");
-    let lazy = Volume {
-        attributes: &[("start", "lazy")],
-        ..volume("vol-1", "uid-1", "lz", &target)
-    };
-    csi.publish_when_ready(&lazy);
-    assert!(std::fs::read(target.join("s-000.bin")).unwrap() == shards["s-000.bin"]);
+    publish_lz(&csi, &target, &shards);
 
     // The daemon restarts mid-hydration: an open waits for it, resumes, and reads right.
     let (status, _) = daemon.terminate();
@@ -547,12 +552,7 @@ fn a_lazy_view_held_by_the_keeper_outlives_kill_9_of_the_plugin_and_a_restart_of
     let (shards, _, daemon) = slowly_hydrating(&server, dir.path());
     let csi = Csi::start_with_keeper(dir.path(), &daemon);
     let target = dir.path().join("pods/uid-1/mount");
-    let lazy = Volume {
-        attributes: &[("start", "lazy")],
-        ..volume("vol-1", "uid-1", "lz", &target)
-    };
-    csi.publish_when_ready(&lazy);
-    assert!(std::fs::read(target.join("s-000.bin")).unwrap() == shards["s-000.bin"]);
+    publish_lz(&csi, &target, &shards);
     let mut open = std::fs::File::open(target.join("s-000.bin")).unwrap();
     let read_in_thread = |name: &str| {
         let path = target.join(name);
