@@ -131,6 +131,27 @@ impl LazyView {
     }
 }
 
+/// An open's reply held while its file is fetched. fuser answers EIO for a reply dropped
+/// unanswered; one dropped here (its task cancelled: this process is stopping) is left to the
+/// kernel instead: a view kept for a later process is asked again there (FUSE_NOTIFY_RESEND),
+/// and a view that ends with this process fails the open with ENOTCONN itself. Never EIO for a
+/// file nobody failed to fetch.
+struct HeldReply(Option<ReplyOpen>);
+
+impl HeldReply {
+    fn take(mut self) -> ReplyOpen {
+        self.0.take().expect("a held reply is taken once")
+    }
+}
+
+impl Drop for HeldReply {
+    fn drop(&mut self) {
+        if let Some(unanswered) = self.0.take() {
+            std::mem::forget(unanswered);
+        }
+    }
+}
+
 /// What the kernel took at the view's INIT, readable once the view is handed to its session.
 pub(crate) struct Taken(Arc<Shared>);
 
@@ -405,10 +426,14 @@ impl Filesystem for LazyView {
             Wanted::Now(Err(reason)) => shared.fail(file, &reason, reply),
             Wanted::Later(told) => {
                 let shared = shared.clone();
+                let reply = HeldReply(Some(reply));
                 shared.runtime.clone().spawn(async move {
-                    let outcome = told
-                        .await
-                        .unwrap_or_else(|_| Err("the mount is stopping".into()));
+                    // No answer comes only when this process is stopping: the open is left
+                    // to the kernel (see `HeldReply`).
+                    let Ok(outcome) = told.await else {
+                        return;
+                    };
+                    let reply = reply.take();
                     match (outcome, shared.file(ino.0)) {
                         (Ok(()), _) => shared.open_local(ino.0, reply),
                         (Err(reason), Some(file)) => shared.fail(file, &reason, reply),

@@ -587,6 +587,16 @@ fn a_lazy_view_held_by_the_keeper_outlives_kill_9_of_the_plugin_and_a_restart_of
         "{}",
         csi.log()
     );
+
+    // A rollout ends the plugin with SIGTERM: an open waiting then is answered by the next one,
+    // never failed on the way out.
+    let at_sigterm = read_in_thread("s-119.bin");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!at_sigterm.is_finished(), "the open waits for its file");
+    csi.terminate_and_restart();
+    let at_sigterm =
+        (at_sigterm.join().unwrap()).expect("the open in flight at SIGTERM is answered");
+    assert!(at_sigterm == shards["s-119.bin"]);
     // A file open all along reads on, and every file reads whole through the view.
     let mut kept = Vec::new();
     std::io::Read::read_to_end(&mut open, &mut kept).unwrap();

@@ -139,6 +139,18 @@ impl Csi {
         let _ = child.wait();
     }
 
+    /// SIGTERM, as a rollout ends the plugin, then starts it again.
+    pub fn terminate_and_restart(&self) {
+        let mut child = self.child();
+        // SAFETY: a signal to the plugin's own process, which this handle has not reaped.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let _ = child.wait();
+        let keeper_socket = self.keeper.as_ref().map(|(_, socket)| socket.as_path());
+        *child = spawn(&self.dir, &self.socket, &self.daemon_socket, keeper_socket);
+        drop(child);
+        self.wait_until_ready();
+    }
+
     /// Kills the plugin and starts it again, as a crash and the DaemonSet's restart would.
     pub fn restart(&mut self) {
         self.kill_and_restart(Duration::ZERO);
