@@ -8,6 +8,8 @@ threads, each file read fully with 1 MiB reads; shape C (one big file) is read w
     A  256 × 8 MiB shards        (--scale small: 64 × 8 MiB)
     B  20,000 × 64 KiB files     (--scale small: 5,000 × 64 KiB)
     C  1 × 2 GiB, random 4 KiB   (--scale small: 1 × 512 MiB)
+    W  WebDataset-like, under --max-bandwidth (default 10MiB): 2 × 150 MiB shards listed
+       first, then 64 × 100 KiB files (the same at both scales)
 
 Per shape and round it measures, with the cache / DEST removed between runs:
 
@@ -25,6 +27,14 @@ Per shape and round it measures, with the cache / DEST removed between runs:
      each pass; ratio = throughput / plain (target ≥ 0.95). The order rotates by round.
   4. hydration cost: mount start to CACHE/.hydrator/READY with the trainer reading, against a
      mount with no reader at all (target ≤ 1.15).
+
+Shape W measures pre-emption instead: right after the mount (and --settle seconds, so that
+the shards' GETs are under way), one small file is opened and read whole through the view, then
+two more, one after the other; the same at once after a mount of the small files alone (no
+shards in flight: the file's own transfer). With --baseline-bin OLD, each round runs OLD too, so the table shows before and after.
+W's table replaces its own section of the results file and leaves the other shapes' alone.
+
+    python3 benches/lazy.py --shapes W --rounds 3 --hydrator-bin NEW --baseline-bin OLD
 
 Client CPU (user + sys) of the hydrator process: `sync` from wait4(2); `mount` from /proc at
 READY (hydration alone, no reader) and from wait4 for the mount that served the trainer.
@@ -74,6 +84,41 @@ SHAPES = {
 }
 
 
+class Set:
+    """COUNT objects of SIZE bytes under PREFIX/ on the server."""
+
+    def __init__(self, prefix, count, size):
+        self.prefix, self.count, self.size = prefix, count, size
+        self.name = prefix
+        self.names = [f"f{i:06}.bin" for i in range(count)]
+
+
+class WebDataset:
+    """Shape W: large shards listed first, small files after, behind a bandwidth cap."""
+
+    key = "W"
+    random = False
+
+    def __init__(self):
+        shards, small = (2, 150 * MiB), (64, 100 << 10)
+        tag = f"lw-{shards[0]}x{shards[1]}-{small[0]}x{small[1]}"
+        # Listed in this order: the set names sort so ("a" before "b").
+        self.shards = Set(f"{tag}-a", *shards)
+        self.small = Set(f"{tag}-b", *small)
+        # One mount of the bucket's root takes both sets, in listing order.
+        self.includes = [f"{part.prefix}/*" for part in (self.shards, self.small)]
+        self.name = "lazy W"
+        self.title = (f"WebDataset-like: {shards[0]} × {human(shards[1])} shards listed first, "
+                      f"then {small[0]} × {human(small[1])} files")
+        # The small files opened in a round, one after the other.
+        n = small[0]
+        self.opened = [self.small.names[i] for i in (n // 2, n // 4, 3 * n // 4)]
+
+    @property
+    def total(self):
+        return sum(s.count * s.size for s in (self.shards, self.small))
+
+
 class Shape:
     def __init__(self, key, scale):
         title, prefix, full, small, size_full, size_small, rnd = SHAPES[key]
@@ -104,6 +149,12 @@ class Shape:
         pages = self.size // PAGE
         return [(name, [rng.randrange(pages) * PAGE for _ in range(max(1, pages // 16))])
                 for name in self.order]
+
+
+def server_sets(shapes):
+    """What the server holds for `shapes`."""
+    return [part for s in shapes
+            for part in ((s.shards, s.small) if isinstance(s, WebDataset) else (s,))]
 
 
 def human(n):
@@ -296,10 +347,11 @@ class Bench:
         self.mountpoint.mkdir(parents=True, exist_ok=True)
         subprocess.run(["sync"], check=True)
 
-    def mount(self, shape, tag):
+    def mount(self, shape, tag, source=None, hydrator=None, extra=()):
         self.cache.mkdir(parents=True, exist_ok=True)
-        cmd = [self.hydrator, "mount", self.source(shape), str(self.mountpoint), "--cache",
-               str(self.cache), "--endpoint-url", self.endpoint, "--progress", "none"]
+        cmd = [hydrator or self.hydrator, "mount", source or self.source(shape),
+               str(self.mountpoint), "--cache", str(self.cache), "--endpoint-url", self.endpoint,
+               "--progress", "none", *extra]
         if self.args.concurrency:
             cmd += ["--concurrency", self.args.concurrency]
         proc = Proc(cmd, self.env, self.logs / f"{shape.key}-{tag}.log")
@@ -395,6 +447,36 @@ class Bench:
         os.close(view_fd)
         proc = self.unmount()
         return dict(ready=ready, cpu=cpu, passes=passes, exit=proc.status)
+
+    def preempt(self, shape, rnd, hydrator, shards):
+        """Shape W: mount (with the shards, or the small files alone), let the GETs start, then
+        open and read shape.opened one after the other; seconds for each."""
+        self.clean()
+        extra = ["--max-bandwidth", self.args.max_bandwidth]
+        if shards:
+            source, root = f"s3://{compare.BUCKET}/", self.mountpoint / shape.small.prefix
+            extra += [arg for glob in shape.includes for arg in ("--include", glob)]
+        else:
+            source, root = f"s3://{compare.BUCKET}/{shape.small.prefix}/", self.mountpoint
+        tag = f"preempt-{'shards' if shards else 'alone'}-{Path(hydrator).name}-r{rnd}"
+        proc, mounted = self.mount(shape, tag, source, hydrator, extra)
+        if shards:
+            time.sleep(self.args.settle)
+        partials = sorted(p.name for p in self.cache.rglob("*partial*"))
+        times, local = [], 0
+        cached = self.cache / shape.small.prefix if shards else self.cache
+        for name in shape.opened:
+            local += (cached / name).exists()
+            t = time.monotonic()
+            fd = os.open(root / name, os.O_RDONLY)
+            try:
+                while os.read(fd, READ):
+                    pass
+            finally:
+                os.close(fd)
+            times.append(time.monotonic() - t)
+        self.unmount()
+        return dict(mount=mounted - proc.start, times=times, partials=len(partials), local=local)
 
     def eager(self, shape, rnd):
         self.clean()
@@ -497,6 +579,61 @@ def table(shape, m):
     return "\n".join(rows)
 
 
+PREEMPTION = "## W, pre-emption:"
+
+
+def replace_section(text, section):
+    """`text` with its pre-emption section (up to the next "## ") replaced by `section`."""
+    at = text.find(PREEMPTION)
+    if at < 0:
+        return text.rstrip("\n") + "\n\n" + section
+    end = text.find("\n## ", at + 1)
+    return text[:at] + section + (text[end + 1:] if end >= 0 else "")
+
+
+def preemption(bench, shape, hydrator, baseline):
+    """Shape W's rounds; its table (per binary: the first small file's open+read right after
+    the mount with the shards in flight, the next two, and the same without the shards)."""
+    binaries = [("this build", hydrator)] + ([("baseline", baseline)] if baseline else [])
+    runs = {(label, shards): [] for label, _ in binaries for shards in (True, False)}
+    for rnd in range(bench.args.rounds):
+        order = binaries if rnd % 2 == 0 else binaries[::-1]
+        for label, binary in order:
+            for shards in (True, False):
+                log(f"W round {rnd + 1}/{bench.args.rounds}: {label}, "
+                    f"{'behind the shards' if shards else 'alone'}")
+                r = bench.preempt(shape, rnd, binary, shards)
+                log("  W: " + ", ".join(f"{t:.3f} s" for t in r["times"])
+                    + f" (shards' partial files at the first open: {r['partials']}; "
+                    f"files local before their open: {r['local']})")
+                runs[(label, shards)].append(r)
+    size = human(shape.small.size)
+    rows = [
+        f"| hydrator | first {size} file, behind the shards | the next two | "
+        f"first {size} file, no shards | shards in flight at the open | opened files already local "
+        "| target |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, _ in binaries:
+        behind, alone = runs[(label, True)], runs[(label, False)]
+        first = med(r["times"][0] for r in behind)
+        alone_first = med(r["times"][0] for r in alone)
+        rest = [t for r in behind for t in r["times"][1:]]
+        partials = med(r["partials"] for r in behind)
+        target = "—" if first is None else check(first - alone_first, 1.0, "<=")
+        firsts = ", ".join(f"{r['times'][0]:.2f}" for r in behind)
+        rows.append(
+            f"| {label} | {fmt(first)} (each: {firsts}) "
+            f"| {fmt(med(rest))} (max {max(rest):.2f} s) | {fmt(alone_first)} "
+            f"| {partials:g} partial files | {sum(r['local'] for r in behind)} of "
+            f"{sum(len(r['times']) for r in behind)} | ≤ 1 s + its own transfer ({target}) |")
+    table = "\n".join(rows)
+    print(f"\n{PREEMPTION} {shape.title}\n\n{table}\n", flush=True)
+    return (f"Cap --max-bandwidth {bench.args.max_bandwidth}; {bench.args.rounds} rounds, "
+            f"medians; the first open {bench.args.settle:g} s after the mount was up.\n\n"
+            + table)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--origin", action="store_true", help="benches/origin.rs (default)")
@@ -511,6 +648,11 @@ def main():
     parser.add_argument("--origin-bin", default=None)
     parser.add_argument("--output", default=None,
                         help="default: benches/RESULTS-lazy.md (origin), RESULTS-lazy-garage.md")
+    parser.add_argument("--baseline-bin", default=None,
+                        help="shape W: another hydrator run beside --hydrator-bin (before/after)")
+    parser.add_argument("--max-bandwidth", default="10MiB", help="shape W's cap")
+    parser.add_argument("--settle", type=float, default=1.0,
+                        help="shape W: seconds between the mount and the first open")
     parser.add_argument("--note", action="append", default=[],
                         help="a line added to the results file (e.g. what was not run)")
     args = parser.parse_args()
@@ -519,7 +661,10 @@ def main():
         args.output = str(BENCHES / name)
     if os.geteuid() != 0:
         sys.exit("run as root (drop_caches, FUSE)")
-    shapes = [Shape(k.strip(), args.scale) for k in args.shapes.split(",")]
+    shapes = [WebDataset() if k.strip() == "W" else Shape(k.strip(), args.scale)
+              for k in args.shapes.split(",")]
+    if args.garage and any(isinstance(s, WebDataset) for s in shapes):
+        sys.exit("shape W runs against the origin only")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
 
@@ -532,6 +677,10 @@ def main():
     shutil.copy2(hydrator_src, hydrator)
     version = subprocess.run([hydrator, "--version"], capture_output=True,
                              text=True).stdout.strip()
+    baseline = None
+    if args.baseline_bin:
+        baseline = str(work / "hydrator-baseline")
+        shutil.copy2(args.baseline_bin, baseline)
 
     if args.garage:
         tools = compare.ensure_tools(["s5cmd"])
@@ -542,7 +691,7 @@ def main():
     elif args.origin_bin:
         origin = compare.Origin.__new__(compare.Origin)
         sets = []
-        for s in shapes:
+        for s in server_sets(shapes):
             sets += ["--set", f"{s.prefix}={s.count}x{s.size}"]
         origin.process = subprocess.Popen([args.origin_bin] + sets, stdout=subprocess.PIPE,
                                           text=True)
@@ -550,7 +699,7 @@ def main():
         if not origin.endpoint.startswith("http://"):
             sys.exit(f"the origin did not start: {origin.endpoint!r}")
     else:
-        origin = compare.Origin(shapes)
+        origin = compare.Origin(server_sets(shapes))
     if not args.garage:
         server = "benches/origin.rs (in-memory, near-free S3 origin) on loopback"
     bench = Bench(args, origin.endpoint, hydrator, work)
@@ -558,6 +707,9 @@ def main():
     started = datetime.datetime.now(datetime.timezone.utc)
     try:
         for shape in shapes:
+            if isinstance(shape, WebDataset):
+                results[shape.key] = (shape, preemption(bench, shape, hydrator, baseline), None)
+                continue
             runs = {"lazy": [], "idle": [], "eager": []}
             for rnd in range(args.rounds):
                 # Alternate which kind goes first.
@@ -600,9 +752,24 @@ def main():
     out += [f"- note: {n}" for n in args.note]
     out.append("\n## garage\n" if args.garage else "\n## origin\n")
     for key, (shape, m, _) in results.items():
+        if isinstance(shape, WebDataset):
+            continue
         out += [f"### {key}: {shape.title} ({human(shape.total)}, {m['rounds']} rounds)", "",
                 table(shape, m), ""]
-    Path(args.output).write_text("\n".join(out) + "\n")
+    output = Path(args.output)
+    text = "\n".join(out) + "\n"
+    if all(isinstance(shape, WebDataset) for shape, _, _ in results.values()):
+        text = output.read_text() if output.exists() else ""
+    for shape, m, _ in results.values():
+        if isinstance(shape, WebDataset):
+            section = "\n".join([
+                f"{PREEMPTION} {shape.title}", "",
+                f"- date: {started:%Y-%m-%d %H:%M} UTC; {cpu}, {os.cpu_count()} cores",
+                f"- hydrator: {version}; server: {server}",
+                f"- command: `python3 benches/lazy.py {' '.join(sys.argv[1:])}`",
+                *[f"- note: {n}" for n in args.note], "", m, ""])
+            text = replace_section(text, section)
+    output.write_text(text)
     log(f"wrote {args.output}")
 
 

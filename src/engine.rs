@@ -11,8 +11,9 @@
 //! client, or an in-memory store with scripted faults in `tests.rs`); a run goes through three
 //! stages in `run.rs`: prepare, mirror, finish.
 //!
-//! Memory for data in flight is the buffer pool, `(2 × concurrency + 4) × 1 MiB` (with `auto`,
-//! the machine's ceiling in `ceiling.rs`), whatever the part size, object sizes or number of
+//! Memory for data in flight is the buffer pool, `(2 × (concurrency + 2) + 4) × 1 MiB` (with
+//! `auto`, the machine's ceiling in `ceiling.rs`; the 2 are the slots kept for the files a lazy
+//! view's readers wait for, `priority.rs`), whatever the part size, object sizes or number of
 //! objects.
 
 pub(crate) mod adaptive;
@@ -28,6 +29,7 @@ mod measure;
 mod object;
 mod part;
 mod peers;
+mod priority;
 pub(crate) mod progress;
 pub(crate) mod rate;
 pub(crate) mod retry;

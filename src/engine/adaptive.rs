@@ -17,12 +17,14 @@
 //! Write buffers are allocated on first use, so memory follows the highest limit reached, not
 //! the maximum.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::priority::{Precedence, Priority, RESERVED_SLOTS};
 use crate::source::client::Responses;
 use crate::write::buffer::WRITE_BUFFER_SIZE;
 
@@ -161,6 +163,24 @@ impl Weighted {
             _also: None,
         }
     }
+
+    /// `n` units and a place under the count if both are free now.
+    fn try_acquire(&self, n: usize) -> Option<Permit> {
+        let units = self
+            .units
+            .semaphore
+            .clone()
+            .try_acquire_many_owned(n as u32);
+        let count = self.count.clone().try_acquire_owned();
+        Some(Permit {
+            _units: Units {
+                permit: units.ok()?,
+                from: self.units.clone(),
+            },
+            _count: count.ok()?,
+            _also: None,
+        })
+    }
 }
 
 /// The slots GETs and objects hold, with a limit that can move.
@@ -173,6 +193,10 @@ impl Weighted {
 /// Under a fixed `--concurrency N` the count bound is `N`, so it means `N` GETs of any size.
 pub(crate) struct RequestSlots {
     requests: Weighted,
+    /// [`RESERVED_SLOTS`] more, for wanted parts only (`priority.rs`).
+    reserve: Weighted,
+    /// Wanted parts before background ones at the slots.
+    precedence: Precedence,
     /// `OBJECTS_PER_SLOT` × the request limit, weighed like requests: objects in flight
     /// follow the limit, since each holds memory and an open file.
     objects: Weighted,
@@ -195,6 +219,8 @@ impl RequestSlots {
         let initial = initial.min(max);
         Self {
             requests: Weighted::new(initial * SLOT_UNITS, max),
+            reserve: Weighted::new(RESERVED_SLOTS * SLOT_UNITS, RESERVED_SLOTS),
+            precedence: Precedence::default(),
             objects: Weighted::new(initial * OBJECTS_PER_SLOT * SLOT_UNITS, max_objects),
             max,
             peak: AtomicUsize::new(initial),
@@ -210,9 +236,39 @@ impl RequestSlots {
         self.received.fetch_add(n, Relaxed);
     }
 
-    /// A request slot for a GET of `len` bytes, held by a part for its GET.
-    pub(crate) async fn acquire(&self, len: u64) -> Permit {
-        self.requests.acquire(units(len), Some(&self.waited)).await
+    /// A request slot for a GET of `len` bytes, held by a part for its GET, with the priority
+    /// the part has once it holds it: a background part becomes wanted if `promoted` resolves
+    /// first. A wanted part's slot goes to it before any background part's, from the reserve
+    /// when the limit's are taken.
+    pub(crate) async fn acquire(
+        &self,
+        len: u64,
+        priority: Priority,
+        promoted: impl Future<Output = ()>,
+    ) -> (Permit, Priority) {
+        let n = units(len);
+        if priority == Priority::Background {
+            let shared = || self.requests.acquire(n, Some(&self.waited));
+            tokio::select! {
+                biased;
+                permit = self.precedence.background(shared) => return (permit, priority),
+                () = promoted => {}
+            }
+        }
+        (self.acquire_wanted(n).await, Priority::Wanted)
+    }
+
+    /// `n` units for a wanted part: free ones at once, else the first freed, shared or reserved.
+    async fn acquire_wanted(&self, n: usize) -> Permit {
+        let free = self.requests.try_acquire(n);
+        match free.or_else(|| self.reserve.try_acquire(n)) {
+            Some(permit) => permit,
+            None => {
+                let shared = self.requests.acquire(n, Some(&self.waited));
+                let reserved = self.reserve.acquire(n, None);
+                self.precedence.wanted(shared, reserved).await
+            }
+        }
     }
 
     /// An object slot for an object of `size` bytes, held by its task until its file is
@@ -329,9 +385,15 @@ fn step(slots: &RequestSlots, phase: Phase, rate: f64, waited: bool, throttled: 
 
 #[cfg(test)]
 mod tests {
+    use std::future::pending;
+
     use futures::future::join_all;
 
     use super::*;
+
+    async fn background(slots: &RequestSlots, len: u64) -> Permit {
+        slots.acquire(len, Priority::Background, pending()).await.0
+    }
 
     fn probe(slots: &RequestSlots, rate: f64) -> Phase {
         let phase = step(slots, Phase::Ready, rate, true, false);
@@ -365,7 +427,7 @@ mod tests {
     #[tokio::test]
     async fn throttling_cuts_the_limit_and_busy_slots_retire_on_return() {
         let slots = RequestSlots::new(8, 64, 1_000);
-        let held: Vec<_> = join_all((0..8).map(|_| slots.acquire(8 << 20))).await;
+        let held: Vec<_> = join_all((0..8).map(|_| background(&slots, 8 << 20))).await;
         step(&slots, Phase::Ready, 100.0, true, true);
         assert_eq!(slots.limit(), 6);
         assert_eq!(slots.requests.units.semaphore.available_permits(), 0);
@@ -383,7 +445,7 @@ mod tests {
     #[tokio::test]
     async fn a_slot_partly_retired_frees_the_rest() {
         let slots = RequestSlots::new(4, 64, 1_000);
-        let held: Vec<_> = join_all((0..5).map(|_| slots.acquire(6 << 20))).await;
+        let held: Vec<_> = join_all((0..5).map(|_| background(&slots, 6 << 20))).await;
         slots.set_limit(2);
         drop(held);
         assert_eq!(
@@ -401,31 +463,93 @@ mod tests {
 
     /// Whether one more request of `len` bytes would have to wait.
     async fn full(slots: &RequestSlots, len: u64) -> bool {
-        waits(slots.acquire(len)).await
+        waits(background(slots, len)).await
     }
 
     #[tokio::test]
     async fn small_requests_weigh_less_up_to_the_count_bound() {
         let slots = RequestSlots::new(4, 64, 1_000);
-        let large: Vec<_> = join_all((0..4).map(|_| slots.acquire(8 << 20))).await;
+        let large: Vec<_> = join_all((0..4).map(|_| background(&slots, 8 << 20))).await;
         assert!(
             full(&slots, 64 << 10).await,
             "4 full parts fill a limit of 4"
         );
         drop(large);
-        let halves: Vec<_> = join_all((0..8).map(|_| slots.acquire(4 << 20))).await;
+        let halves: Vec<_> = join_all((0..8).map(|_| background(&slots, 4 << 20))).await;
         assert!(full(&slots, 1).await, "8 half parts fill it too");
         drop(halves);
-        let mut small: Vec<_> = join_all((0..32).map(|_| slots.acquire(64 << 10))).await;
+        let mut small: Vec<_> = join_all((0..32).map(|_| background(&slots, 64 << 10))).await;
         assert!(full(&slots, 1).await, "a request weighs at least one unit");
         slots.set_limit(16);
-        small.extend(join_all((0..32).map(|_| slots.acquire(64 << 10))).await);
+        small.extend(join_all((0..32).map(|_| background(&slots, 64 << 10))).await);
         assert!(
             full(&slots, 1).await,
             "never more requests than the count bound"
         );
         drop(small);
         assert!(!full(&slots, 1).await);
+    }
+
+    #[tokio::test]
+    async fn a_wanted_part_goes_before_queued_background_parts_and_past_the_limit() {
+        use Priority::{Background, Wanted};
+        const PART: u64 = 8 << 20;
+        let slots = Arc::new(RequestSlots::new(1, 8, 100));
+        let (running, _) = slots.acquire(PART, Background, pending()).await;
+        let mut reserved = Vec::new();
+        for _ in 0..RESERVED_SLOTS {
+            let wanted = tokio::time::timeout(
+                Duration::from_millis(100),
+                slots.acquire(PART, Wanted, pending()),
+            );
+            reserved.push(
+                wanted
+                    .await
+                    .expect("a wanted part takes the reserve at once"),
+            );
+        }
+        let (order, mut got) = tokio::sync::mpsc::unbounded_channel();
+        let mut queued = Vec::new();
+        for who in ["background", "background", "wanted"] {
+            let priority = if who == "wanted" { Wanted } else { Background };
+            let (slots, order) = (slots.clone(), order.clone());
+            queued.push(tokio::spawn(async move {
+                let (permit, _) = slots.acquire(PART, priority, pending()).await;
+                order.send(who).unwrap();
+                permit
+            }));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            got.try_recv().is_err(),
+            "the slot and the reserve are taken"
+        );
+        drop(running);
+        assert_eq!(got.recv().await, Some("wanted"), "the next slot goes to it");
+        drop(reserved.pop());
+        let background = tokio::time::timeout(Duration::from_millis(20), got.recv()).await;
+        assert!(
+            background.is_err(),
+            "the background never takes the reserve"
+        );
+        for part in queued {
+            part.abort();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_background_part_whose_file_is_opened_while_it_waits_is_served_as_wanted() {
+        let slots = RequestSlots::new(1, 8, 100);
+        let _running = background(&slots, 8 << 20).await;
+        let (open, opened) = tokio::sync::oneshot::channel::<()>();
+        let promoted = async {
+            let _ = opened.await;
+        };
+        let part = slots.acquire(8 << 20, Priority::Background, promoted);
+        open.send(()).unwrap();
+        let got = tokio::time::timeout(Duration::from_millis(100), part).await;
+        let (_reserved, priority) = got.expect("promoted, it takes the reserve");
+        assert_eq!(priority, Priority::Wanted, "and streams as wanted");
     }
 
     #[tokio::test]

@@ -10,6 +10,7 @@ use tokio::io::AsyncReadExt;
 use tokio::sync::oneshot;
 
 use super::context::Ctx;
+use super::priority::{promoted, Priority};
 use super::retry::PART_RETRY;
 use super::stats::Stats;
 use crate::error::{BodyError, BoxError, PartError, WriteError};
@@ -120,7 +121,13 @@ async fn fetch(
     let stats = &ctx.fetch.stats;
     let slots = &ctx.fetch.request_slots;
     let asked = Instant::now();
-    let _slot = slots.acquire(target.range.end - target.range.start).await;
+    let schedule = ctx.write.schedule.as_deref();
+    let (len, promoted) = (
+        target.range.end - target.range.start,
+        promoted(schedule, &object.key),
+    );
+    let priority = Priority::of(schedule, &object.key);
+    let (_slot, priority) = slots.acquire(len, priority, promoted).await;
     if slots.limit() >= slots.max() {
         Stats::add_since(&stats.slot_wait_nanos, asked);
     }
@@ -128,7 +135,7 @@ async fn fetch(
     let mut stream = PartStream::new(target);
     let mut attempt = 0;
     let result = loop {
-        match stream.fetch_rest(ctx, object, target).await {
+        match stream.fetch_rest(ctx, object, target, priority).await {
             Ok(()) => break Ok(()),
             Err(err) if err.is_retryable() && attempt + 1 < MAX_PART_ATTEMPTS => {
                 Stats::add(&ctx.fetch.stats.part_retries, 1);
@@ -193,16 +200,17 @@ impl PartStream {
         }
     }
 
-    /// GETs what is missing of the part and streams it in.
+    /// GETs what is missing of the part and streams it in, under the caps with `priority`.
     async fn fetch_rest(
         &mut self,
         ctx: &Ctx,
         object: &PinnedObject,
         target: &PartTarget,
+        priority: Priority,
     ) -> Result<(), PartError> {
         let expected = target.range.end - target.range.start;
         let rest = target.range.start + self.received..target.range.end;
-        ctx.fetch.rates.request().await;
+        ctx.fetch.rates.request(priority).await;
         let asked = Instant::now();
         let body = get_range(&*ctx.fetch.source, object, rest).await;
         Stats::add_since(&ctx.fetch.stats.first_byte_nanos, asked);
@@ -257,7 +265,7 @@ impl PartStream {
             };
             Stats::add(&ctx.fetch.stats.bytes_received, n);
             ctx.fetch.request_slots.record_received(n);
-            ctx.fetch.rates.bytes(n).await;
+            ctx.fetch.rates.bytes(n, priority).await;
             self.received += n;
             brought += n;
             if waited > SLOW_BODY_GRACE && brought < MIN_BODY_RATE * waited.as_secs() {

@@ -19,6 +19,7 @@ use super::failures::{self, Cause, Unshown};
 use super::limits;
 use super::measure::Baseline;
 use super::object::mirror_object;
+use super::priority::RESERVED_SLOTS;
 use super::progress::Progress;
 use super::rate::Rates;
 use super::schedule::{Planned, Schedule};
@@ -94,7 +95,7 @@ impl Budget {
         ));
         let controller =
             (concurrency == Concurrency::Auto).then(|| adaptive::spawn_controller(slots.clone()));
-        let pool = BufferPool::new(buffer_count(max), WRITE_BUFFER_SIZE);
+        let pool = BufferPool::new(buffer_count(max + RESERVED_SLOTS), WRITE_BUFFER_SIZE);
         let rates = Arc::new(rates);
         let budget = Self {
             slots,

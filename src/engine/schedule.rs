@@ -73,6 +73,9 @@ pub(crate) struct Schedule {
     inner: Mutex<Inner>,
     /// Wakes the engine's dispatcher (the only one waiting on it).
     changed: Notify,
+    /// Wakes the parts waiting for a request slot as background ones: a reader now waits for
+    /// an object being fetched.
+    promoted: Notify,
     window: Arc<Window>,
 }
 
@@ -111,6 +114,7 @@ impl Schedule {
                 closed: None,
             }),
             changed: Notify::new(),
+            promoted: Notify::new(),
             window: Arc::default(),
         }
     }
@@ -213,6 +217,17 @@ impl Schedule {
             .is_some_and(|at| self.lock().waiters.get(at).is_some_and(|w| !w.is_empty()))
     }
 
+    /// Resolves once a reader waits for `key` (at once if one does now).
+    pub(crate) async fn wanted(&self, key: &str) {
+        loop {
+            let promoted = self.promoted.notified();
+            if self.is_wanted(key) {
+                return;
+            }
+            promoted.await;
+        }
+    }
+
     /// A reader wants `key`: local now, failed, or fetched next (the files after it following).
     pub(crate) fn want(&self, key: &str) -> Wanted {
         let Some(&at) = self.positions.get(key) else {
@@ -229,12 +244,16 @@ impl Schedule {
         }
         let (tell, told) = oneshot::channel();
         inner.waiters.entry(at).or_default().push(tell);
-        if matches!(inner.states[at], State::Unplanned | State::Waiting) {
+        let fetching = matches!(inner.states[at], State::Fetching);
+        if !fetching {
             inner.urgent.push_back(at);
             inner.cursor = at + 1;
         }
         drop(inner);
-        self.changed.notify_one();
+        match fetching {
+            true => self.promoted.notify_waiters(),
+            false => self.changed.notify_one(),
+        }
         Wanted::Later(told)
     }
 }
@@ -400,6 +419,25 @@ mod tests {
         assert_eq!(
             rest,
             ["k007", "k008", "k009", "k000", "k001", "k002", "k003", "k004"]
+        );
+    }
+
+    #[tokio::test]
+    async fn opening_a_file_being_fetched_wakes_its_parts_not_the_dispatcher() {
+        let schedule = schedule(3, 1);
+        assert_eq!(next_key(&schedule).await, "k000");
+        let wanted = schedule.wanted("k000");
+        tokio::pin!(wanted);
+        let within = |ms| std::time::Duration::from_millis(ms);
+        let early = tokio::time::timeout(within(20), wanted.as_mut()).await;
+        assert!(early.is_err(), "no reader waits for k000 yet");
+        let _told = schedule.want("k000");
+        let woken = tokio::time::timeout(within(100), wanted).await;
+        woken.expect("a reader waits for k000 now");
+        assert_eq!(
+            next_key(&schedule).await,
+            "k001",
+            "k000 is not handed out again"
         );
     }
 
