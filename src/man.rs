@@ -106,6 +106,10 @@ fn exit_status(command: &str) -> &'static [(u8, &'static str)] {
         ),
         (2, "Usage: a bad option, a socket this process may not use."),
     ];
+    const KEEPER: &[(u8, &str)] = &[(
+        2,
+        "Its socket could not be made or served (a directory it may not use). It runs until a signal ends it: the plugin keeps serving the views it holds, and hands them to the next keeper.",
+    )];
     const SERVER: &[(u8, &str)] = &[
         (0, "Stopped by SIGTERM or SIGINT."),
         (
@@ -133,6 +137,7 @@ fn exit_status(command: &str) -> &'static [(u8, &'static str)] {
         "warm" => WARM,
         "lease" => LEASE,
         "daemon" | "csi" => SERVER,
+        "csi-keeper" => KEEPER,
         "snapshot" => SNAPSHOT,
         "completions" | "man" => SIMPLE,
         _ => SYNC,
@@ -172,6 +177,9 @@ fn examples(command: &str) -> &'static [(&'static str, &'static str)] {
         ],
         "csi" => &[
             ("Run the CSI node plugin (as the DaemonSet does).", "hydrator csi --endpoint unix:///csi/csi.sock --node-id \"$NODE_NAME\""),
+        ],
+        "csi-keeper" => &[
+            ("Hold the lazy views' connections (as the DaemonSet hydrator-keeper does); the plugin then runs with --keeper-socket on the same path.", "hydrator csi-keeper --socket /run/hydrator-keeper/keeper.sock"),
         ],
         "completions" => &[("Install bash completion.", "hydrator completions bash > /etc/bash_completion.d/hydrator")],
         "man" => &[("Install the manual pages.", "hydrator man /usr/local/share/man/man1")],
