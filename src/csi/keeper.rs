@@ -89,10 +89,6 @@ impl Keeper {
         Self { socket }
     }
 
-    pub(crate) fn socket(&self) -> &Path {
-        &self.socket
-    }
-
     /// Gives the keeper a duplicate of `fuse`, the connection of `view` (blocking).
     pub(crate) fn keep(&self, view: &KeptView, fuse: BorrowedFd<'_>) -> Result<(), KeeperError> {
         let conn = self.connect()?;
@@ -118,13 +114,7 @@ impl Keeper {
     }
 
     fn connect(&self) -> Result<OwnedFd, KeeperError> {
-        let conn = rustix::net::socket_with(
-            AddressFamily::UNIX,
-            SocketType::SEQPACKET,
-            SocketFlags::CLOEXEC,
-            None,
-        )
-        .map_err(|e| self.io(e.into()))?;
+        let conn = seqpacket().map_err(|e| self.io(e))?;
         let address = SocketAddrUnix::new(&self.socket).map_err(|e| self.io(e.into()))?;
         rustix::net::connect(&conn, &address).map_err(|e| self.io(e.into()))?;
         // A keeper that stops answering must not hold up a publish.
@@ -189,12 +179,7 @@ fn listen(socket: &Path) -> io::Result<OwnedFd> {
         Err(err) if err.kind() != io::ErrorKind::NotFound => return Err(err),
         _ => {}
     }
-    let listener = rustix::net::socket_with(
-        AddressFamily::UNIX,
-        SocketType::SEQPACKET,
-        SocketFlags::CLOEXEC,
-        None,
-    )?;
+    let listener = seqpacket()?;
     rustix::net::bind(&listener, &SocketAddrUnix::new(socket)?)?;
     std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))?;
     rustix::net::listen(&listener, 64)?;
@@ -249,6 +234,17 @@ fn answer(conn: &OwnedFd, kept: &mut BTreeMap<String, (KeptView, OwnedFd)>) -> i
         }
         (other, _) => Err(io::Error::other(format!("unexpected message {other:?}"))),
     }
+}
+
+/// A unix socket that keeps message boundaries.
+fn seqpacket() -> io::Result<OwnedFd> {
+    let flags = SocketFlags::CLOEXEC;
+    Ok(rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        flags,
+        None,
+    )?)
 }
 
 fn send(conn: &OwnedFd, message: &Message, fd: Option<BorrowedFd<'_>>) -> io::Result<()> {

@@ -15,9 +15,20 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
 
-use super::keeper::{Keeper, KeptView};
+use super::keeper::{Keeper, KeeperError, KeptView};
 use super::lazy;
 use crate::daemon_client::Client;
+
+/// Why the keeper was not given a view.
+#[derive(Debug, thiserror::Error)]
+enum HandOver {
+    #[error("duplicating its connection: {0}")]
+    Duplicate(#[from] std::io::Error),
+    #[error(transparent)]
+    Keeper(#[from] KeeperError),
+    #[error("the hand-over task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
 
 struct Served {
     /// Which serving of the volume this is (a volume published again is served anew).
@@ -61,21 +72,9 @@ impl Views {
         ended: oneshot::Receiver<()>,
         settled: bool,
     ) {
-        if let Some(keeper) = &self.keeper {
-            let (keeper, view) = (keeper.clone(), kept.clone());
-            let handed = fuse
-                .try_clone()
-                .map(|copy| tokio::task::spawn_blocking(move || keeper.keep(&view, copy.as_fd())));
-            let outcome = match handed {
-                Ok(task) => task
-                    .await
-                    .map_err(|err| err.to_string())
-                    .and_then(|kept| kept.map_err(|err| err.to_string())),
-                Err(err) => Err(err.to_string()),
-            };
-            if let Err(err) = outcome {
-                tracing::warn!(volume = %kept.volume, "the lazy view ends with this process of the plugin: {err}");
-            }
+        let copy = fuse.try_clone().map(|copy| vec![(kept.clone(), copy)]);
+        if let Err(err) = self.hand_over(copy).await {
+            tracing::warn!(volume = %kept.volume, "the lazy view ends with this process of the plugin: {err}");
         }
         let volume = kept.volume.clone();
         let serial = self.serials.fetch_add(1, Relaxed);
@@ -126,33 +125,38 @@ impl Views {
 
     /// Hands every view's connection to the keeper again (one that restarted holds nothing).
     pub(crate) async fn keep_all(&self) {
-        let Some(keeper) = self.keeper.clone() else {
-            return;
-        };
-        let copies: Vec<(KeptView, OwnedFd)> = (self.served().values())
-            .filter_map(|served| Some((served.kept.clone(), served.fuse.try_clone().ok()?)))
+        let copies = (self.served().values())
+            .map(|served| Ok((served.kept.clone(), served.fuse.try_clone()?)))
             .collect();
-        if copies.is_empty() {
-            return;
-        }
-        let kept = tokio::task::spawn_blocking(move || {
-            copies
-                .iter()
-                .try_for_each(|(view, fuse)| keeper.keep(view, fuse.as_fd()))
-        })
-        .await;
-        match kept {
-            Ok(Ok(())) => {
-                if self.keeper_failing.swap(false, Relaxed) {
-                    tracing::info!("the keeper holds the lazy views again");
-                }
+        match self.hand_over(copies).await {
+            Ok(()) if self.keeper_failing.swap(false, Relaxed) => {
+                tracing::info!("the keeper holds the lazy views again")
             }
-            Ok(Err(err)) if !self.keeper_failing.swap(true, Relaxed) => {
+            Ok(()) => {}
+            Err(err) if !self.keeper_failing.swap(true, Relaxed) => {
                 tracing::warn!("the lazy views end with this process of the plugin: {err}")
             }
-            Ok(Err(_)) => {}
-            Err(err) => tracing::warn!("handing the lazy views to the keeper: {err}"),
+            Err(_) => {}
         }
+    }
+
+    /// Gives the keeper (if there is one) the `views` and their duplicated connections.
+    async fn hand_over(
+        &self,
+        views: std::io::Result<Vec<(KeptView, OwnedFd)>>,
+    ) -> Result<(), HandOver> {
+        let Some(keeper) = self.keeper.clone() else {
+            return Ok(());
+        };
+        let views = views?;
+        if views.is_empty() {
+            return Ok(());
+        }
+        tokio::task::spawn_blocking(move || {
+            (views.iter()).try_for_each(|(view, fuse)| keeper.keep(view, fuse.as_fd()))
+        })
+        .await??;
+        Ok(())
     }
 
     /// Serves again every view the keeper holds (the keeper holds only connections still
@@ -168,14 +172,10 @@ impl Views {
         let Some(keeper) = self.keeper.clone() else {
             return 0;
         };
-        let socket = keeper.socket().to_path_buf();
         let kept = match tokio::task::spawn_blocking(move || keeper.list()).await {
             Ok(Ok(kept)) => kept,
             Ok(Err(err)) => {
-                tracing::warn!(
-                    "no lazy view to serve again: {err}; a view a previous life of the plugin served ends (ENOTCONN) unless the keeper runs at {}",
-                    socket.display()
-                );
+                tracing::warn!("no lazy view to serve again: {err}; the views of the plugin's previous run end (ENOTCONN)");
                 return 0;
             }
             Err(err) => {

@@ -258,6 +258,12 @@ impl RequestSlots {
         (self.acquire_wanted(n).await, Priority::Wanted)
     }
 
+    /// A request slot for a GET of `len` bytes when no part can be wanted (a sync): in arrival
+    /// order, with no precedence to keep.
+    pub(crate) async fn acquire_in_turn(&self, len: u64) -> Permit {
+        self.requests.acquire(units(len), Some(&self.waited)).await
+    }
+
     /// `n` units for a wanted part: free ones at once, else the first freed, shared or reserved.
     async fn acquire_wanted(&self, n: usize) -> Permit {
         let free = self.requests.try_acquire(n);

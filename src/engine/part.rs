@@ -10,7 +10,7 @@ use tokio::io::AsyncReadExt;
 use tokio::sync::oneshot;
 
 use super::context::Ctx;
-use super::priority::{promoted, Priority};
+use super::priority::Priority;
 use super::retry::PART_RETRY;
 use super::stats::Stats;
 use crate::error::{BodyError, BoxError, PartError, WriteError};
@@ -121,13 +121,15 @@ async fn fetch(
     let stats = &ctx.fetch.stats;
     let slots = &ctx.fetch.request_slots;
     let asked = Instant::now();
-    let schedule = ctx.write.schedule.as_deref();
-    let (len, promoted) = (
-        target.range.end - target.range.start,
-        promoted(schedule, &object.key),
-    );
-    let priority = Priority::of(schedule, &object.key);
-    let (_slot, priority) = slots.acquire(len, priority, promoted).await;
+    let len = target.range.end - target.range.start;
+    let (_slot, priority) = match ctx.write.schedule.as_deref() {
+        // A sync: no reader waits for anything, the slots go in arrival order.
+        None => (slots.acquire_in_turn(len).await, Priority::Background),
+        Some(schedule) => {
+            let (key, priority) = (&object.key, Priority::of(schedule, &object.key));
+            slots.acquire(len, priority, schedule.wanted(key)).await
+        }
+    };
     if slots.limit() >= slots.max() {
         Stats::add_since(&stats.slot_wait_nanos, asked);
     }

@@ -20,8 +20,8 @@
 //! A part's priority is read when it asks for its slot, and a part waiting as a background one
 //! becomes wanted when a reader opens its file meanwhile (a file the background had already
 //! dispatched: opened, it waited 22 s behind the shards' parts); a part already streaming keeps
-//! its pace. A sync (no schedule) has only background parts and pays one uncontended mutex and
-//! one channel subscription per part.
+//! its pace. A sync (no schedule) has no reader and no wanted part: its parts take the slots
+//! in arrival order, straight from the semaphore, as before any of this.
 
 use std::future::Future;
 
@@ -43,20 +43,11 @@ pub(crate) enum Priority {
 
 impl Priority {
     /// The priority of a part of `key`: wanted while a reader of `schedule` waits for it.
-    pub(crate) fn of(schedule: Option<&Schedule>, key: &str) -> Self {
-        match schedule.is_some_and(|schedule| schedule.is_wanted(key)) {
+    pub(crate) fn of(schedule: &Schedule, key: &str) -> Self {
+        match schedule.is_wanted(key) {
             true => Self::Wanted,
             false => Self::Background,
         }
-    }
-}
-
-/// Resolves when a reader of `schedule` waits for `key`; never without a schedule. A part
-/// waiting for a slot as a background one is then served as a wanted one.
-pub(crate) async fn promoted(schedule: Option<&Schedule>, key: &str) {
-    match schedule {
-        Some(schedule) => schedule.wanted(key).await,
-        None => std::future::pending().await,
     }
 }
 
