@@ -87,8 +87,27 @@ pub(crate) fn is_digest(name: &str) -> bool {
 }
 
 pub(crate) fn digest(entries: &[SnapshotEntry]) -> String {
-    let mut sorted: Vec<&SnapshotEntry> = entries.iter().collect();
-    sorted.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+    digest_of(entries.iter().map(|e| Digested {
+        key: &e.key,
+        size: e.size,
+        etag: &e.etag,
+        version_id: e.version_id.as_deref(),
+        blake3: e.blake3.as_deref(),
+    }))
+}
+
+/// What the digest covers of one entry.
+struct Digested<'a> {
+    key: &'a str,
+    size: u64,
+    etag: &'a str,
+    version_id: Option<&'a str>,
+    blake3: Option<&'a str>,
+}
+
+fn digest_of<'a>(entries: impl Iterator<Item = Digested<'a>>) -> String {
+    let mut sorted: Vec<Digested<'a>> = entries.collect();
+    sorted.sort_unstable_by(|a, b| a.key.cmp(b.key));
     let mut hasher = blake3::Hasher::new();
     for e in sorted {
         hasher.update(e.key.as_bytes());
@@ -97,8 +116,8 @@ pub(crate) fn digest(entries: &[SnapshotEntry]) -> String {
         hasher.update(b"\0");
         hasher.update(e.etag.as_bytes());
         hasher.update(b"\0");
-        hasher.update(e.version_id.as_deref().unwrap_or("").as_bytes());
-        if let Some(sealed) = &e.blake3 {
+        hasher.update(e.version_id.unwrap_or("").as_bytes());
+        if let Some(sealed) = e.blake3 {
             hasher.update(b"\0");
             hasher.update(sealed.as_bytes());
         }
@@ -175,8 +194,13 @@ fn unsealed(entry: ObjectEntry) -> SnapshotEntry {
 
 /// The digest a snapshot of exactly this listing has.
 pub(crate) fn listing_digest(listed: &[ObjectEntry]) -> String {
-    let entries: Vec<SnapshotEntry> = listed.iter().cloned().map(unsealed).collect();
-    digest(&entries)
+    digest_of(listed.iter().map(|e| Digested {
+        key: &e.key,
+        size: e.size,
+        etag: &e.etag,
+        version_id: e.version_id.as_deref(),
+        blake3: None,
+    }))
 }
 
 /// Writes the snapshot file atomically ([`fs::write_atomic`]).
