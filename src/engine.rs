@@ -36,6 +36,7 @@ pub(crate) mod retry;
 mod run;
 pub(crate) mod schedule;
 pub(crate) mod stats;
+pub(crate) mod streams;
 #[cfg(test)]
 mod tests;
 

@@ -18,6 +18,7 @@
 //!   restart of the daemon does not: opens wait for the daemon to come back (and resume the
 //!   hydration, which a lazy volume's lease keeps), for at most [`PATIENCE`].
 
+use std::ops::Range;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
@@ -28,9 +29,9 @@ use tokio::sync::oneshot;
 
 use super::keeper::KeptView;
 use super::target::Target;
-use crate::daemon::protocol::WantRequest;
+use crate::daemon::protocol::{WantAnswer, WantRequest};
 use crate::daemon_client::{explain, percent_encode, CallError, Client};
-use crate::engine::schedule::Wanted;
+use crate::engine::streams::{RangeWanted, Readable};
 use crate::mount::backings::BackingJournal;
 use crate::mount::tree::{FileNode, Tree};
 use crate::mount::view::{LazyView, Wants};
@@ -160,21 +161,22 @@ struct DaemonWants {
 }
 
 impl Wants for DaemonWants {
-    fn want(&self, file: &FileNode) -> Wanted {
+    fn want_range(&self, file: &FileNode, bytes: Range<u64>) -> RangeWanted {
         if let Ok(Some(_)) = self.dest.stat_final(&file.rel) {
-            return Wanted::Now(Ok(()));
+            return RangeWanted::Now(Ok(Readable::Whole));
         }
         let (tell, told) = tokio::sync::oneshot::channel();
         let (client, path) = (self.client.clone(), self.path.clone());
         let request = WantRequest {
             snapshot: self.snapshot.clone(),
             key: file.key.clone(),
+            range: Some([bytes.start, bytes.end]),
         };
         self.runtime.spawn(async move {
             let asked = ask(&client, &path, &request).await;
             let _ = tell.send(asked.map_err(|err| err.to_string().into()));
         });
-        Wanted::Later(told)
+        RangeWanted::Later(told)
     }
 }
 
@@ -190,15 +192,22 @@ enum Unwanted {
     /// The daemon was away for longer than [`PATIENCE`].
     #[error("the node daemon: {0}")]
     Away(String),
+    /// The daemon's answer is not one this plugin reads.
+    #[error("the node daemon's answer: {0}")]
+    Unreadable(#[source] serde_json::Error),
 }
 
-/// Asks the daemon for one file until it is local or cannot be fetched.
-async fn ask(client: &Client, path: &str, request: &WantRequest) -> Result<(), Unwanted> {
+/// Asks the daemon for one file's bytes until they are local or cannot be fetched.
+async fn ask(client: &Client, path: &str, request: &WantRequest) -> Result<Readable, Unwanted> {
     let body = serde_json::to_vec(request).expect("a want request serialises");
     let mut away_since: Option<Instant> = None;
     loop {
         let why = match client.call(Method::POST, path, Some(body.clone())).await {
-            Ok((StatusCode::OK, _)) => return Ok(()),
+            Ok((StatusCode::OK, answer)) => {
+                let answer: WantAnswer =
+                    serde_json::from_slice(&answer).map_err(Unwanted::Unreadable)?;
+                return Ok(answer.into());
+            }
             Ok((StatusCode::ACCEPTED, _)) => {
                 away_since = None;
                 continue;

@@ -19,12 +19,14 @@ use super::flight::{self, Warm};
 use super::holder;
 use super::identity::{self, Caller};
 use super::protocol::{
-    DatasetStatus, ErrorBody, LeaseRequest, PodIdentity, State as DatasetState, WantRequest,
+    DatasetStatus, ErrorBody, LeaseRequest, PodIdentity, State as DatasetState, WantAnswer,
+    WantRequest,
     WarmRequest, UNTIL_RELEASED,
 };
 use super::registry::{self, LeaseAsk, LeaseRefused};
 use super::Daemon;
-use crate::engine::schedule::Wanted;
+use crate::engine::schedule::{Unavailable, Wanted};
+use crate::engine::streams::{RangeOutcome, RangeWanted, Readable};
 
 /// How long `/healthz` waits for the registry.
 const HEALTH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
@@ -287,16 +289,22 @@ async fn want(
             .filter(|f| f.info().snapshot.as_deref() == Some(&request.snapshot));
         let unfinished = entry.and_then(|e| e.unfinished.get(&request.snapshot));
         match (flight.and_then(|f| f.schedule.get()), unfinished) {
-            (Some(schedule), _) => schedule.want(&request.key),
+            (Some(schedule), _) => match request.range {
+                Some([start, end]) => Asked::Range(schedule.want_range(&request.key, start..end)),
+                None => Asked::Whole(schedule.want(&request.key)),
+            },
             _ if entry.is_some_and(|e| e.ready.contains_key(&request.snapshot)) => {
-                Wanted::Now(Ok(()))
+                Asked::Range(RangeWanted::Now(Ok(Readable::Whole)))
             }
             // Its ended hydration answers, unless it is hydrated again (then 409: ask again).
-            (None, Some(unfinished)) if flight.is_none() => unfinished.want(&request.key),
+            (None, Some(unfinished)) if flight.is_none() => {
+                Asked::Whole(unfinished.want(&request.key))
+            }
             _ if entry.is_some_and(|e| e.failure.is_some() && e.flight.is_none()) => {
                 let failure = entry.and_then(|e| e.failure.as_ref());
                 let reason = failure.map(ToString::to_string).unwrap_or_default();
-                Wanted::Now(Err(format!("the hydration failed: {reason}").into()))
+                let failed = format!("the hydration failed: {reason}");
+                Asked::Range(RangeWanted::Now(Err(failed.into())))
             }
             _ => {
                 return error(
@@ -309,15 +317,11 @@ async fn want(
             }
         }
     };
-    let outcome = match wanted {
-        Wanted::Now(outcome) => outcome,
-        Wanted::Later(told) => match tokio::time::timeout(WANT_HOLD, told).await {
-            Ok(told) => told.unwrap_or_else(|_| Err("the hydration ended".into())),
-            Err(_) => return (StatusCode::ACCEPTED, Json(serde_json::json!({}))).into_response(),
-        },
+    let Some(outcome) = wanted.told().await else {
+        return (StatusCode::ACCEPTED, Json(serde_json::json!({}))).into_response();
     };
     match outcome {
-        Ok(()) => Json(serde_json::json!({})).into_response(),
+        Ok(readable) => Json(WantAnswer::from(readable)).into_response(),
         // Not the object's failure: the next daemon resumes the hydration.
         Err(_) if *daemon.stop.borrow() => {
             error(StatusCode::SERVICE_UNAVAILABLE, "the daemon is stopping")
@@ -326,6 +330,32 @@ async fn want(
             StatusCode::UNPROCESSABLE_ENTITY,
             format!("{}: {reason}", request.key),
         ),
+    }
+}
+
+/// What a want asked the hydration: the whole file (an open by an older plugin, or an ended
+/// hydration's), or a byte range.
+enum Asked {
+    Whole(Wanted),
+    Range(RangeWanted),
+}
+
+impl Asked {
+    /// The answer, once it comes within [`WANT_HOLD`].
+    async fn told(self) -> Option<RangeOutcome> {
+        let ended = || Unavailable::from("the hydration ended");
+        match self {
+            Self::Whole(Wanted::Now(outcome)) => Some(outcome.map(|()| Readable::Whole)),
+            Self::Range(RangeWanted::Now(outcome)) => Some(outcome),
+            Self::Whole(Wanted::Later(told)) => {
+                let told = tokio::time::timeout(WANT_HOLD, told).await.ok()?;
+                Some(told.unwrap_or_else(|_| Err(ended())).map(|()| Readable::Whole))
+            }
+            Self::Range(RangeWanted::Later(told)) => {
+                let told = tokio::time::timeout(WANT_HOLD, told).await.ok()?;
+                Some(told.unwrap_or_else(|_| Err(ended())))
+            }
+        }
     }
 }
 

@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::engine::streams::Readable;
+
 /// Where a dataset stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -150,16 +152,62 @@ pub(crate) struct PodIdentity {
     pub service_account: String,
 }
 
-/// `POST /v1/datasets/{name}/want`: a lazy view opens `key` of `snapshot`, which is being
-/// hydrated. Answered 200 once the file is local (written, durable, verified), 202 when it is
-/// still coming (ask again), 409 when the snapshot is neither hydrating nor ready here, 503 when
-/// the daemon stops (ask the next one), 422 when the object cannot be fetched (the reason in
-/// the body).
+/// `POST /v1/datasets/{name}/want`: a lazy view opens or reads `key` of `snapshot`, which is
+/// being hydrated. Answered 200 once the file is local (written, durable, verified), or once
+/// the parts holding `range` are written ([`WantAnswer`]), 202 when it is still coming (ask
+/// again), 409 when the snapshot is neither hydrating nor ready here, 503 when the daemon stops
+/// (ask the next one), 422 when the object cannot be fetched (the reason in the body).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct WantRequest {
     pub snapshot: String,
     pub key: String,
+    /// The bytes `[start, end)` a read waits for; without it, the whole file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub range: Option<[u64; 2]>,
+}
+
+/// The 200 answer to a [`WantRequest`]: `{}` when the file is local whole, otherwise where
+/// the bytes asked for are.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct WantAnswer {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partial: Option<PartialAnswer>,
+}
+
+/// The file downloads into its `.NAME.partial`, whose inode is `inode` and whose byte `runs`
+/// (`[start, end)`) are written and checked.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PartialAnswer {
+    pub inode: u64,
+    pub runs: Vec<[u64; 2]>,
+}
+
+impl From<Readable> for WantAnswer {
+    fn from(readable: Readable) -> Self {
+        let partial = match readable {
+            Readable::Whole => None,
+            Readable::Partial { inode, runs } => Some(PartialAnswer {
+                inode,
+                runs: runs.into_iter().map(|run| [run.start, run.end]).collect(),
+            }),
+        };
+        Self { partial }
+    }
+}
+
+impl From<WantAnswer> for Readable {
+    fn from(answer: WantAnswer) -> Self {
+        match answer.partial {
+            None => Readable::Whole,
+            Some(PartialAnswer { inode, runs }) => Readable::Partial {
+                inode,
+                runs: runs.into_iter().map(|[start, end]| start..end).collect(),
+            },
+        }
+    }
 }
 
 /// `PUT /v1/datasets/{name}/leases/{holder}` (the body is optional).

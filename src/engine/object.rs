@@ -287,6 +287,7 @@ async fn download(
         .await?
     };
     let (dir, file) = (Arc::new(dir), Arc::new(file));
+    let streamed = stream_to_readers(ctx, &object, &file, part_size, &resumed);
     let held = ctx.write.partials.hold(
         dir.clone(),
         rel.partial_name(),
@@ -294,7 +295,11 @@ async fn download(
         (object.size, part_size),
         resumed.keys().copied(),
     );
-    let fetched = match fetch_all_parts(ctx, &object, &file, (attempt, &held), &resumed).await {
+    let written = PartsWritten {
+        held: &held,
+        streamed,
+    };
+    let fetched = match fetch_all_parts(ctx, &object, &file, (attempt, &written), &resumed).await {
         Ok(hash) => check_md5_of_file(ctx, &object, &dir, rel)
             .await
             .map(|()| hash),
@@ -332,6 +337,44 @@ async fn download(
                 let _ = blocking(move || dir.unlink(&partial).local("removing", &partial)).await;
             }
             Err(err)
+        }
+    }
+}
+
+/// Offers the parts of `object`'s partial `file` to a lazy view's readers as they are written
+/// (`streams.rs`), when the run has readers and the object has more than one part; returns the
+/// file's inode then.
+fn stream_to_readers(
+    ctx: &Ctx,
+    object: &PinnedObject,
+    file: &File,
+    part_size: u64,
+    resumed: &BTreeMap<u32, DurablePart>,
+) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let schedule = ctx.write.schedule.as_ref()?;
+    if object.size <= part_size {
+        return None;
+    }
+    let inode = file.metadata().ok()?.ino();
+    let sizes = (object.size, part_size);
+    schedule.streaming(&object.key, inode, sizes, resumed.keys().copied());
+    Some(inode)
+}
+
+/// Where a written part is told: the partial files held for a full disk, and the readers
+/// of a streamed file.
+struct PartsWritten<'a> {
+    held: &'a Holding,
+    /// The partial file's inode, when its parts are offered to readers.
+    streamed: Option<u64>,
+}
+
+impl PartsWritten<'_> {
+    fn written(&self, ctx: &Ctx, key: &str, index: u32) {
+        self.held.written(index);
+        if let (Some(schedule), Some(inode)) = (ctx.write.schedule.as_ref(), self.streamed) {
+            schedule.part_written(key, inode, index);
         }
     }
 }
@@ -467,7 +510,7 @@ async fn fetch_all_parts(
     ctx: &Arc<Ctx>,
     object: &Arc<PinnedObject>,
     file: &Arc<File>,
-    (attempt, held): (u64, &Holding),
+    (attempt, written): (u64, &PartsWritten<'_>),
     resumed: &BTreeMap<u32, DurablePart>,
 ) -> Result<blake3::Hash, PartError> {
     let ranges: Vec<_> = part_ranges(object.size, ctx.fetch.part_size).collect();
@@ -522,7 +565,7 @@ async fn fetch_all_parts(
                 .checkpoints
                 .part_written(&object.key, attempt, index as u32, durable, len);
         }
-        held.written(index as u32);
+        written.written(ctx, &object.key, index as u32);
         fetched[index] = Some(part);
     }
     let fetched: Vec<FetchedPart> = fetched

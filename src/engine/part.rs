@@ -126,8 +126,9 @@ async fn fetch(
         // A sync: no reader waits for anything, the slots go in arrival order.
         None => (slots.acquire_in_turn(len).await, Priority::Background),
         Some(schedule) => {
-            let (key, priority) = (&object.key, Priority::of(schedule, &object.key));
-            slots.acquire(len, priority, schedule.wanted(key)).await
+            let (key, part) = (&object.key, &target.range);
+            let priority = Priority::of(schedule, key, part);
+            slots.acquire(len, priority, schedule.wanted(key, part)).await
         }
     };
     if slots.limit() >= slots.max() {

@@ -24,6 +24,7 @@
 //! in arrival order, straight from the semaphore, as before any of this.
 
 use std::future::Future;
+use std::ops::Range;
 
 use tokio::sync::{watch, Mutex};
 
@@ -42,9 +43,10 @@ pub(crate) enum Priority {
 }
 
 impl Priority {
-    /// The priority of a part of `key`: wanted while a reader of `schedule` waits for it.
-    pub(crate) fn of(schedule: &Schedule, key: &str) -> Self {
-        match schedule.is_wanted(key) {
+    /// The priority of the part of `key` holding the bytes `part`: wanted while a reader of
+    /// `schedule` waits for it (for the whole file, or for a range the part holds).
+    pub(crate) fn of(schedule: &Schedule, key: &str, part: &Range<u64>) -> Self {
+        match schedule.is_part_wanted(key, part) {
             true => Self::Wanted,
             false => Self::Background,
         }

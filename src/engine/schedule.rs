@@ -13,12 +13,14 @@
 //! files bypass the window.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use tokio::sync::{oneshot, Notify};
 
+use super::streams::{RangeWanted, Readable, Streams};
 use crate::error::ObjectError;
 use crate::manifest::ObjectState;
 use crate::plan::keys::RelPath;
@@ -64,6 +66,9 @@ struct Inner {
     waiters: HashMap<usize, Vec<oneshot::Sender<Result<(), Unavailable>>>>,
     planning_done: bool,
     closed: Option<Unavailable>,
+    /// Multi-part downloads readers may read before they are whole, and who waits for which
+    /// of their bytes.
+    streams: Streams,
 }
 
 /// The objects of one run by their position in the listing, shared by the engine (which plans,
@@ -112,6 +117,7 @@ impl Schedule {
                 waiters: HashMap::new(),
                 planning_done: false,
                 closed: None,
+                streams: Streams::default(),
             }),
             changed: Notify::new(),
             promoted: Notify::new(),
@@ -180,8 +186,30 @@ impl Schedule {
         for waiter in inner.waiters.remove(&at).unwrap_or_default() {
             let _ = waiter.send(outcome.clone());
         }
+        inner.streams.finished(at, &outcome);
         drop(inner);
         self.changed.notify_one();
+    }
+
+    /// The engine downloads `key` into the partial file `inode`, `size` bytes in parts of
+    /// `part_size`, of which `written` hold their bytes already: readers may read those.
+    pub(crate) fn streaming(
+        &self,
+        key: &str,
+        inode: u64,
+        sizes: (u64, u64),
+        written: impl IntoIterator<Item = u32>,
+    ) {
+        if let Some(&at) = self.positions.get(key) {
+            self.lock().streams.start(at, inode, sizes, written);
+        }
+    }
+
+    /// Part `index` of `key`'s partial file `inode` is written (and checked: `streams.rs`).
+    pub(crate) fn part_written(&self, key: &str, inode: u64, index: u32) {
+        if let Some(&at) = self.positions.get(key) {
+            self.lock().streams.written(at, inode, index);
+        }
     }
 
     /// Nothing more will be fetched: whoever waits, or wants an object not local, gets `reason`.
@@ -194,6 +222,7 @@ impl Schedule {
                 let _ = waiter.send(Err(reason.clone()));
             }
         }
+        inner.streams.close(&reason);
     }
 
     /// The run completed: every object not failed is local (a run that found DEST already
@@ -206,22 +235,33 @@ impl Schedule {
                 for waiter in inner.waiters.remove(&at).unwrap_or_default() {
                     let _ = waiter.send(Ok(()));
                 }
+                inner.streams.finished(at, &Ok(()));
             }
         }
     }
 
-    /// Whether a reader waits for `key` now.
+    /// Whether a reader waits for `key` now (the whole file, or some of its bytes).
     pub(crate) fn is_wanted(&self, key: &str) -> bool {
-        self.positions
-            .get(key)
-            .is_some_and(|at| self.lock().waiters.get(at).is_some_and(|w| !w.is_empty()))
+        self.positions.get(key).is_some_and(|&at| {
+            let inner = self.lock();
+            inner.waits_whole(at) || inner.streams.waits_any(at)
+        })
     }
 
-    /// Resolves once a reader waits for `key` (at once if one does now).
-    pub(crate) async fn wanted(&self, key: &str) {
+    /// Whether a reader waits for the part of `key` holding the bytes `part`.
+    pub(crate) fn is_part_wanted(&self, key: &str, part: &Range<u64>) -> bool {
+        self.positions.get(key).is_some_and(|&at| {
+            let inner = self.lock();
+            inner.waits_whole(at) || inner.streams.waits_for(at, part)
+        })
+    }
+
+    /// Resolves once a reader waits for the part of `key` holding the bytes `part` (at once
+    /// if one does now).
+    pub(crate) async fn wanted(&self, key: &str, part: &Range<u64>) {
         loop {
             let promoted = self.promoted.notified();
-            if self.is_wanted(key) {
+            if self.is_part_wanted(key, part) {
                 return;
             }
             promoted.await;
@@ -244,21 +284,63 @@ impl Schedule {
         }
         let (tell, told) = oneshot::channel();
         inner.waiters.entry(at).or_default().push(tell);
-        let fetching = matches!(inner.states[at], State::Fetching);
-        if !fetching {
-            inner.urgent.push_back(at);
-            inner.cursor = at + 1;
-        }
+        let fetching = inner.promote(at);
         drop(inner);
+        self.wake(fetching);
+        Wanted::Later(told)
+    }
+
+    /// A reader wants `bytes` of `key`: readable now (published, or those parts written),
+    /// failed, or when their parts are written (the object fetched next, those parts first).
+    pub(crate) fn want_range(&self, key: &str, bytes: Range<u64>) -> RangeWanted {
+        let Some(&at) = self.positions.get(key) else {
+            return RangeWanted::Now(Err("not in this dataset".into()));
+        };
+        let mut inner = self.lock();
+        match &inner.states[at] {
+            State::Local => return RangeWanted::Now(Ok(Readable::Whole)),
+            State::Failed(reason) => return RangeWanted::Now(Err(reason.clone())),
+            _ => {}
+        }
+        if let Some(reason) = &inner.closed {
+            return RangeWanted::Now(Err(reason.clone()));
+        }
+        if let Some(readable) = inner.streams.readable_now(at, &bytes) {
+            return RangeWanted::Now(Ok(readable));
+        }
+        let told = inner.streams.wait(at, bytes);
+        let fetching = inner.promote(at);
+        drop(inner);
+        self.wake(fetching);
+        RangeWanted::Later(told)
+    }
+
+    /// Wakes the parts waiting for a slot (a reader waits for an object being fetched), or
+    /// the dispatcher (for one to fetch next).
+    fn wake(&self, fetching: bool) {
         match fetching {
             true => self.promoted.notify_waiters(),
             false => self.changed.notify_one(),
         }
-        Wanted::Later(told)
     }
 }
 
 impl Inner {
+    fn waits_whole(&self, at: usize) -> bool {
+        self.waiters.get(&at).is_some_and(|w| !w.is_empty())
+    }
+
+    /// A reader now waits for object `at`: dispatched next unless it is being fetched.
+    /// Returns whether it is being fetched (its parts waiting for a slot are then promoted).
+    fn promote(&mut self, at: usize) -> bool {
+        let fetching = matches!(self.states[at], State::Fetching);
+        if !fetching {
+            self.urgent.push_back(at);
+            self.cursor = at + 1;
+        }
+        fetching
+    }
+
     /// An opened object if one is planned, else the next background one if the window has room.
     fn pick(&mut self, window: &Arc<Window>, size: usize) -> Option<Planned> {
         while let Some(&at) = self.urgent.front() {
@@ -426,7 +508,7 @@ mod tests {
     async fn opening_a_file_being_fetched_wakes_its_parts_not_the_dispatcher() {
         let schedule = schedule(3, 1);
         assert_eq!(next_key(&schedule).await, "k000");
-        let wanted = schedule.wanted("k000");
+        let wanted = schedule.wanted("k000", &(0..1));
         tokio::pin!(wanted);
         let within = |ms| std::time::Duration::from_millis(ms);
         let early = tokio::time::timeout(within(20), wanted.as_mut()).await;

@@ -28,7 +28,8 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::OsStr;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
+use std::ops::Range;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
@@ -41,18 +42,21 @@ use fuser::{
 
 use super::backings::BackingJournal;
 use super::tree::{FileNode, Kind, Tree};
-use crate::engine::schedule::{Schedule, Wanted};
+use crate::engine::schedule::{Schedule, Unavailable};
+use crate::engine::streams::{RangeOutcome, RangeWanted, Readable};
 use crate::write::dest::Dest;
 
-/// What an open of a file asks: whether it is local, or when it will be. The engine's
-/// [`Schedule`] answers in `hydrator mount`; the node daemon answers for the CSI plugin.
+/// What an open or a read of a file asks: whether its bytes are local, or when they will be.
+/// The engine's [`Schedule`] answers in `hydrator mount`; the node daemon answers for the CSI
+/// plugin.
 pub(crate) trait Wants: Send + Sync + 'static {
-    fn want(&self, file: &FileNode) -> Wanted;
+    /// `bytes` of `file`: published, written in its partial file (`streams.rs`), or when.
+    fn want_range(&self, file: &FileNode, bytes: Range<u64>) -> RangeWanted;
 }
 
 impl Wants for Schedule {
-    fn want(&self, file: &FileNode) -> Wanted {
-        Schedule::want(self, &file.key)
+    fn want_range(&self, file: &FileNode, bytes: Range<u64>) -> RangeWanted {
+        Schedule::want_range(self, &file.key, bytes)
     }
 }
 
@@ -60,6 +64,8 @@ impl Wants for Schedule {
 const TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// Backing files kept for files no handle has open (each holds an open file in the kernel).
 const IDLE_BACKINGS: usize = 4096;
+/// Times a read asks again for bytes whose partial file was replaced since it was told.
+const MAX_ASKS: u32 = 3;
 
 pub(crate) struct LazyView {
     shared: Arc<Shared>,
@@ -94,6 +100,26 @@ struct Open {
     idle: VecDeque<u64>,
     /// The inode of each passthrough handle.
     handles: HashMap<u64, u64>,
+    /// The inode of each handle opened while its file was downloading (read here, through
+    /// its partial file until the file is published).
+    streamed: HashMap<u64, u64>,
+    /// The partial file read by streamed handles, by inode.
+    partials: HashMap<u64, PartialFile>,
+}
+
+/// A partial file open for reading, with the byte runs known written in it.
+struct PartialFile {
+    file: Arc<File>,
+    inode: u64,
+    runs: Vec<Range<u64>>,
+}
+
+impl PartialFile {
+    fn covers(&self, bytes: &Range<u64>) -> bool {
+        self.runs
+            .iter()
+            .any(|run| run.start <= bytes.start && bytes.end <= run.end)
+    }
 }
 
 impl Open {
@@ -136,15 +162,16 @@ impl LazyView {
 /// kernel instead: a view kept for a later process is asked again there (FUSE_NOTIFY_RESEND),
 /// and a view that ends with this process fails the open with ENOTCONN itself. Never EIO for a
 /// file nobody failed to fetch.
-struct HeldReply(Option<ReplyOpen>);
+/// The same holds for a read waiting for its bytes.
+struct HeldReply<R>(Option<R>);
 
-impl HeldReply {
-    fn take(mut self) -> ReplyOpen {
+impl<R> HeldReply<R> {
+    fn take(mut self) -> R {
         self.0.take().expect("a held reply is taken once")
     }
 }
 
-impl Drop for HeldReply {
+impl<R> Drop for HeldReply<R> {
     fn drop(&mut self) {
         if let Some(unanswered) = self.0.take() {
             std::mem::forget(unanswered);
@@ -331,40 +358,180 @@ impl Shared {
         Ok(unsafe { reply.wrap_backing(id) })
     }
 
-    /// The local file read through handle `fh` of `ino`. A handle this process did not give
-    /// out (an earlier process of the view did) opens the file again: a handle exists only for
-    /// a file that was local and checked when opened.
-    fn handle_file(&self, ino: u64, fh: u64) -> Option<Arc<File>> {
-        if let Some((_, file)) = self.open_mut().files.get(&fh).filter(|(of, _)| *of == ino) {
-            return Some(file.clone());
+    /// Answers an open whose file's first bytes are `outcome`: the whole file local, its
+    /// first part written (the file downloads on), or failed.
+    fn opened(&self, ino: u64, outcome: RangeOutcome, reply: ReplyOpen) {
+        match (outcome, self.file(ino)) {
+            (Ok(Readable::Whole), _) => self.open_local(ino, reply),
+            (Ok(Readable::Partial { .. }), _) => self.open_streamed(ino, reply),
+            (Err(reason), Some(file)) => self.fail(file, &reason, reply),
+            (Err(_), None) => reply.error(Errno::EIO),
         }
-        let node = self.file(ino)?;
-        match self.dest.open_final(&node.rel) {
-            Ok(Some(local)) => {
-                let local = Arc::new(local);
-                self.open_mut().files.insert(fh, (ino, local.clone()));
-                Some(local)
-            }
-            Ok(None) => {
-                tracing::error!(key = %node.key, "a read of an open file failed with EIO: the local file is missing");
-                None
-            }
-            Err(err) => {
-                tracing::error!(key = %node.key, "a read of an open file failed with EIO: opening the local file: {err}");
-                None
+    }
+
+    /// Answers an open of `ino` while its file downloads: its reads come here and each waits
+    /// for its own bytes. Direct I/O: the kernel keeps no page of a file not whole, and the
+    /// handle takes no I/O mode of the inode, which would make the kernel refuse a passthrough
+    /// open of the file once it is whole.
+    fn open_streamed(&self, ino: u64, reply: ReplyOpen) {
+        // Published meanwhile, and opened through passthrough since.
+        let Some(reply) = self.open_kept(ino, reply) else {
+            return;
+        };
+        let fh = self.next_handle.fetch_add(1, Relaxed);
+        self.open_mut().streamed.insert(fh, ino);
+        reply.opened(
+            FileHandle(fh),
+            FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_NOFLUSH,
+        );
+    }
+
+    /// The local file a handle opened on a whole file reads.
+    fn served_file(&self, ino: u64, fh: u64) -> Option<Arc<File>> {
+        let open = self.open_mut();
+        let (of, file) = open.files.get(&fh)?;
+        (*of == ino).then(|| file.clone())
+    }
+
+    /// The partial file of `ino` when the bytes `bytes` are known written in it.
+    fn partial_covering(&self, ino: u64, bytes: &Range<u64>) -> Option<Arc<File>> {
+        let open = self.open_mut();
+        let partial = open.partials.get(&ino)?;
+        partial.covers(bytes).then(|| partial.file.clone())
+    }
+
+    /// Answers a read of `ino` through handle `fh` that is not a local whole file's: a
+    /// streamed handle, or one an earlier process of the view gave out. It waits for the
+    /// parts holding the bytes asked for (`asked` times so far).
+    fn read_range(self: &Arc<Self>, (ino, fh): (u64, u64), bytes: Range<u64>, reply: ReplyData) {
+        self.read_range_again((ino, fh), bytes, 0, reply);
+    }
+
+    fn read_range_again(
+        self: &Arc<Self>,
+        (ino, fh): (u64, u64),
+        bytes: Range<u64>,
+        asked: u32,
+        reply: ReplyData,
+    ) {
+        let Some(file) = self.file(ino) else {
+            return reply.error(Errno::EIO);
+        };
+        if let Some(partial) = self.partial_covering(ino, &bytes) {
+            return reply_read(&partial, &bytes, reply);
+        }
+        match self.wants.want_range(file, bytes.clone()) {
+            RangeWanted::Now(outcome) => self.read_readable((ino, fh), bytes, (outcome, asked), reply),
+            RangeWanted::Later(told) => {
+                let shared = self.clone();
+                let reply = HeldReply(Some(reply));
+                self.runtime.spawn(async move {
+                    // No answer comes only when this process is stopping (see `HeldReply`).
+                    let Ok(outcome) = told.await else {
+                        return;
+                    };
+                    shared.read_readable((ino, fh), bytes, (outcome, asked), reply.take());
+                });
             }
         }
     }
 
-    fn fail(&self, file: &FileNode, reason: &str, reply: ReplyOpen) {
+    /// Answers a read of `bytes` once the view's wants said where they are.
+    fn read_readable(
+        self: &Arc<Self>,
+        (ino, fh): (u64, u64),
+        bytes: Range<u64>,
+        (outcome, asked): (RangeOutcome, u32),
+        reply: ReplyData,
+    ) {
+        let Some(node) = self.file(ino) else {
+            return reply.error(Errno::EIO);
+        };
+        let found = match outcome {
+            Err(reason) => Err(reason),
+            Ok(Readable::Whole) => self.open_whole(ino, fh, node),
+            Ok(Readable::Partial { inode, runs }) => self.open_partial(ino, node, inode, runs),
+        };
+        match found {
+            Ok(Some(local)) => reply_read(&local, &bytes, reply),
+            // The download started again since it was told (a new partial file).
+            Ok(None) if asked < MAX_ASKS => self.read_range_again((ino, fh), bytes, asked + 1, reply),
+            Ok(None) => {
+                let reason = "its partial file keeps changing";
+                self.report(node, "a read failed with EIO", reason);
+                reply.error(Errno::EIO)
+            }
+            Err(reason) => {
+                self.report(node, "a read failed with EIO", &reason);
+                reply.error(Errno::EIO)
+            }
+        }
+    }
+
+    /// The published file of `ino`, kept for the later reads of handle `fh`.
+    fn open_whole(&self, ino: u64, fh: u64, node: &FileNode) -> Result<Option<Arc<File>>, Unavailable> {
+        let local = match self.dest.open_final(&node.rel) {
+            Ok(Some(local)) => Arc::new(local),
+            Ok(None) => return Err("the local file is missing".into()),
+            Err(err) => return Err(format!("opening the local file: {err}").into()),
+        };
+        self.open_mut().files.insert(fh, (ino, local.clone()));
+        Ok(Some(local))
+    }
+
+    /// The partial file `inode` of `ino`, whose `runs` are written: `None` when another
+    /// partial file is there now. Published meanwhile, it is the final file (same inode).
+    fn open_partial(
+        &self,
+        ino: u64,
+        node: &FileNode,
+        inode: u64,
+        runs: Vec<Range<u64>>,
+    ) -> Result<Option<Arc<File>>, Unavailable> {
+        let mut open = self.open_mut();
+        if let Some(partial) = open.partials.get_mut(&ino).filter(|p| p.inode == inode) {
+            partial.runs = runs;
+            return Ok(Some(partial.file.clone()));
+        }
+        drop(open);
+        let opened = match self.dest.open_partial(&node.rel) {
+            Ok(None) => self.dest.open_final(&node.rel),
+            other => other,
+        };
+        let file = match opened {
+            Ok(Some(file)) => file,
+            Ok(None) => return Ok(None),
+            Err(err) => return Err(format!("opening the partial file: {err}").into()),
+        };
+        match file.metadata() {
+            Ok(meta) if meta.ino() == inode => {}
+            Ok(_) => return Ok(None),
+            Err(err) => return Err(format!("reading the partial file: {err}").into()),
+        }
+        let file = Arc::new(file);
+        let partial = PartialFile {
+            file: file.clone(),
+            inode,
+            runs,
+        };
+        self.open_mut().partials.insert(ino, partial);
+        Ok(Some(file))
+    }
+
+    /// Logs `what` failed for `file` because of `reason`, once per file.
+    fn report(&self, file: &FileNode, what: &str, reason: &str) {
         let first = self
             .told
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .insert(file.key.clone());
         if first {
-            tracing::error!(key = %file.key, "open failed with EIO: {reason}");
+            tracing::error!(key = %file.key, "{what}: {reason}");
         }
+    }
+
+    fn fail(&self, file: &FileNode, reason: &str, reply: ReplyOpen) {
+        self.report(file, "open failed with EIO", reason);
         reply.error(Errno::EIO);
     }
 }
@@ -377,6 +544,8 @@ impl Filesystem for LazyView {
             && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
             && config.set_max_stack_depth(2).is_ok();
         self.shared.passthrough.store(taken, Relaxed);
+        // A file mapped while it downloads is read through this process like its reads.
+        let _ = config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP);
         match (taken, self.want_passthrough) {
             (true, _) => {}
             (false, true) => tracing::warn!(
@@ -421,10 +590,11 @@ impl Filesystem for LazyView {
         let Some(reply) = shared.open_kept(ino.0, reply) else {
             return;
         };
-        match shared.wants.want(file) {
-            Wanted::Now(Ok(())) => shared.open_local(ino.0, reply),
-            Wanted::Now(Err(reason)) => shared.fail(file, &reason, reply),
-            Wanted::Later(told) => {
+        // An open waits for the file's first part (the whole file when it has one part); each
+        // read then waits for its own bytes.
+        match shared.wants.want_range(file, 0..1) {
+            RangeWanted::Now(outcome) => shared.opened(ino.0, outcome, reply),
+            RangeWanted::Later(told) => {
                 let shared = shared.clone();
                 let reply = HeldReply(Some(reply));
                 shared.runtime.clone().spawn(async move {
@@ -433,12 +603,7 @@ impl Filesystem for LazyView {
                     let Ok(outcome) = told.await else {
                         return;
                     };
-                    let reply = reply.take();
-                    match (outcome, shared.file(ino.0)) {
-                        (Ok(()), _) => shared.open_local(ino.0, reply),
-                        (Err(reason), Some(file)) => shared.fail(file, &reason, reply),
-                        (Err(_), None) => reply.error(Errno::EIO),
-                    }
+                    shared.opened(ino.0, outcome, reply.take());
                 });
             }
         }
@@ -458,20 +623,18 @@ impl Filesystem for LazyView {
         if let Some(bytes) = self.shared.memory(ino.0) {
             return reply.data(window(bytes, offset, size));
         }
-        let Some(file) = self.shared.handle_file(ino.0, fh.0) else {
+        let end = offset.saturating_add(size.into());
+        if let Some(file) = self.shared.served_file(ino.0, fh.0) {
+            return reply_read(&file, &(offset..end), reply);
+        }
+        let Some(node) = self.shared.file(ino.0) else {
             return reply.error(Errno::EIO);
         };
-        let mut buf = vec![0; size as usize];
-        let mut filled = 0;
-        while filled < buf.len() {
-            match file.read_at(&mut buf[filled..], offset + filled as u64) {
-                Ok(0) => break,
-                Ok(n) => filled += n,
-                Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => return reply.error(Errno::EIO),
-            }
+        let bytes = offset.min(node.size)..end.min(node.size);
+        if bytes.is_empty() {
+            return reply.data(&[]);
         }
-        reply.data(&buf[..filled]);
+        self.shared.read_range((ino.0, fh.0), bytes, reply);
     }
 
     /// Nothing is ever written: a close has nothing to flush (and `FOPEN_NOFLUSH` asks the
@@ -514,6 +677,11 @@ impl Filesystem for LazyView {
     ) {
         let mut open = self.shared.open_mut();
         open.files.remove(&fh.0);
+        if let Some(ino) = open.streamed.remove(&fh.0) {
+            if !open.streamed.values().any(|of| *of == ino) {
+                open.partials.remove(&ino);
+            }
+        }
         // A handle of an earlier process of the view has nothing here to let go of.
         if let Some(ino) = (open.handles.get(&fh.0).copied()).filter(|of| *of == ino.0) {
             open.handles.remove(&fh.0);
@@ -589,6 +757,21 @@ impl Filesystem for LazyView {
         let files = tree.files() as u64;
         reply.statfs(blocks, 0, 0, files, 0, 4096, 255, 4096);
     }
+}
+
+/// Answers a read of `bytes` of `file` (fewer only at its end).
+fn reply_read(file: &File, bytes: &Range<u64>, reply: ReplyData) {
+    let mut buf = vec![0; (bytes.end - bytes.start) as usize];
+    let mut filled = 0;
+    while filled < buf.len() {
+        match file.read_at(&mut buf[filled..], bytes.start + filled as u64) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return reply.error(Errno::EIO),
+        }
+    }
+    reply.data(&buf[..filled]);
 }
 
 /// The part of `bytes` a read at `offset` of `size` bytes gets.

@@ -188,6 +188,19 @@ impl Dest {
         }
     }
 
+    /// Opens `rel`'s `.NAME.partial` for reading (a lazy view's read of a file still
+    /// downloading), never through a symlink.
+    pub(crate) fn open_partial(&self, rel: &RelPath) -> io::Result<Option<File>> {
+        let Some(dir) = self.open_parent(rel, false)? else {
+            return Ok(None);
+        };
+        match dir.open_file(rel.partial_name(), OFlags::RDONLY) {
+            Ok(file) => Ok(Some(file)),
+            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
     /// Reopens an earlier run's `.NAME.partial` to resume it, if it exists with `size` bytes.
     pub(crate) fn reopen_partial(
         &self,
