@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::time::{Duration, Instant};
 
 use crate::support::faults::{Fault, Rule};
@@ -216,6 +216,50 @@ fn an_opened_file_jumps_the_queue_and_the_files_after_it_follow() {
         local.len() < 140,
         "read-ahead, not the whole listing: {local:?}"
     );
+}
+
+#[test]
+fn a_read_waits_for_the_parts_holding_its_bytes_not_for_the_whole_file() {
+    let server = Server::local();
+    let big = content(5, 12 << 20);
+    server.seed("ranges/", &BTreeMap::from([("big.bin".to_string(), big.clone())]));
+    // Each GET from the fifth MiB on stalls (within the client's patience for a stalled
+    // body): the file cannot be whole for a while.
+    let stall = Duration::from_secs(3);
+    server.faults.add(
+        Rule::get("big.bin", Fault::StallBody(0, stall))
+            .from_byte(4 << 20)
+            .times(8),
+    );
+    let mount = Mounted::start(&server, "ranges/", &["--part-size", "1Mi"]);
+
+    let opened = Instant::now();
+    let mut file = std::fs::File::open(mount.path("big.bin")).unwrap();
+    let mut head = vec![0; 4 << 20];
+    file.read_exact(&mut head).unwrap();
+    let waited = opened.elapsed();
+    assert!(head == big[..4 << 20], "the first 4 MiB as in the store");
+    assert!(waited < stall, "the read waited {waited:?} for parts it does not hold");
+    assert!(
+        local_files(&mount.cache, "").is_empty() && !has_ready(&mount.cache),
+        "the file is not whole yet: the bytes came from its written parts"
+    );
+
+    // Reading on waits for the stalled parts, and every byte is the store's.
+    let mut rest = Vec::new();
+    let read = file.read_to_end(&mut rest);
+    assert!(read.is_ok(), "{read:?}: {}", mount.log());
+    assert!(rest == big[4 << 20..], "the rest as in the store");
+    assert!(opened.elapsed() >= stall, "the rest waited for its parts");
+    // Whole now: a new open reads the local file, and the handle open before reads on.
+    let whole = std::fs::read(mount.path("big.bin"));
+    assert!(whole.as_ref().is_ok_and(|whole| *whole == big), "{whole:?} {}", mount.log());
+    let mut again = vec![0; 1 << 20];
+    file.read_exact_at(&mut again, 11 << 20).unwrap();
+    assert!(again == big[11 << 20..]);
+    wait_until("READY in the cache", Duration::from_secs(30), || {
+        has_ready(&mount.cache)
+    });
 }
 
 #[test]

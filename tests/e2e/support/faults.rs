@@ -59,6 +59,8 @@ pub struct Rule {
     pub path_contains: String,
     /// Only requests with a `Range` header.
     pub ranged_only: bool,
+    /// Only requests whose `Range` starts at or after this byte.
+    pub range_from: Option<u64>,
     /// Only requests with this query parameter (e.g. `continuation-token`).
     pub query_contains: Option<&'static str>,
     /// Matching requests let through before the fault starts.
@@ -74,6 +76,7 @@ impl Rule {
             method: "GET",
             path_contains: path_contains.to_string(),
             ranged_only: true,
+            range_from: None,
             query_contains: None,
             skip: 0,
             times: 1,
@@ -96,6 +99,12 @@ impl Rule {
 
     pub fn skip(mut self, skip: usize) -> Self {
         self.skip = skip;
+        self
+    }
+
+    /// Only GETs of the bytes from `start` on.
+    pub fn from_byte(mut self, start: u64) -> Self {
+        self.range_from = Some(start);
         self
     }
 }
@@ -135,12 +144,14 @@ impl Faults {
         *self.served.lock().unwrap()
     }
 
-    fn take(&self, method: &str, path: &str, query: &str, ranged: bool) -> Option<Fault> {
+    fn take(&self, method: &str, path: &str, query: &str, range: Option<u64>) -> Option<Fault> {
+        let ranged = range.is_some();
         let mut rules = self.rules.lock().unwrap();
         for (rule, seen, fired) in rules.iter_mut() {
             let matches = rule.method == method
                 && path.contains(&rule.path_contains)
                 && (!rule.ranged_only || ranged)
+                && rule.range_from.is_none_or(|from| range.is_some_and(|at| at >= from))
                 && rule.query_contains.is_none_or(|q| query.contains(q));
             if !matches || *fired >= rule.times {
                 continue;
@@ -190,8 +201,12 @@ impl FaultyS3 {
             .split_once('/')
             .is_some_and(|(_, key)| !key.is_empty());
         let counter = (method == "GET" && is_object).then(|| self.faults.object_bytes.clone());
-        let ranged = req.headers().contains_key("range");
         let range = req.headers().get("range").and_then(|v| v.to_str().ok());
+        // The first byte a `Range: bytes=N-M` asks for.
+        let range_start = req.headers().get("range").map(|_| {
+            let first = range.unwrap_or_default().trim_start_matches("bytes=");
+            first.split('-').next().and_then(|n| n.parse().ok()).unwrap_or(0)
+        });
         let kind = match (method.as_str(), is_object) {
             ("GET", true) if range == Some("bytes=0-0") => Some(&self.faults.stat_gets),
             ("GET", true) => Some(&self.faults.object_gets),
@@ -214,7 +229,7 @@ impl FaultyS3 {
         if wanted_version.is_some() && method == "GET" {
             self.faults.versioned_gets.fetch_add(1, Relaxed);
         }
-        let fault = self.faults.take(&method, &path, &query, ranged);
+        let fault = self.faults.take(&method, &path, &query, range_start);
         let mut body_fault = None;
         match fault {
             Some(Fault::Status(status, code)) => return Ok(error_response(status, code)),
