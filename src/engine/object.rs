@@ -535,12 +535,12 @@ async fn fetch_all_parts(
         }
     }
     // Part tasks are started as request slots can take them, not all at once, so a huge
-    // object does not hold one task per part.
-    let mut to_fetch = to_fetch.into_iter();
+    // object does not hold one task per part; a part a reader waits for starts first.
+    let mut to_fetch = std::collections::VecDeque::from(to_fetch);
     let mut parts = JoinSet::new();
     loop {
         if parts.len() < ctx.fetch.request_slots.max() {
-            if let Some((index, range)) = to_fetch.next() {
+            if let Some((index, range)) = next_part(ctx, &object.key, &mut to_fetch) {
                 let target = PartTarget {
                     sink: Sink::File(file.clone()),
                     pad_tail: ctx.write.direct.large && range.end == object.size,
@@ -577,6 +577,18 @@ async fn fetch_all_parts(
     }
     let digests: Vec<PartDigest> = fetched.iter().map(|p| p.digest).collect();
     Ok(merge_parts(&digests, object.size, ctx.fetch.part_size))
+}
+
+/// The next part of `key` to start: the first one a reader waits for, else the first one.
+fn next_part(
+    ctx: &Ctx,
+    key: &str,
+    to_fetch: &mut std::collections::VecDeque<(usize, std::ops::Range<u64>)>,
+) -> Option<(usize, std::ops::Range<u64>)> {
+    let wanted = ctx.write.schedule.as_deref().and_then(|schedule| {
+        schedule.first_wanted(key, to_fetch.iter().map(|(_, range)| range))
+    });
+    to_fetch.remove(wanted.unwrap_or(0))
 }
 
 fn check_crc(

@@ -203,13 +203,15 @@ impl PartStream {
         }
     }
 
-    /// GETs what is missing of the part and streams it in, under the caps with `priority`.
+    /// GETs what is missing of the part and streams it in, under the caps with `priority`
+    /// (a background part under a bandwidth cap becomes wanted when a reader comes to wait
+    /// for it: it then streams at the wanted bytes' pace).
     async fn fetch_rest(
         &mut self,
         ctx: &Ctx,
         object: &PinnedObject,
         target: &PartTarget,
-        priority: Priority,
+        mut priority: Priority,
     ) -> Result<(), PartError> {
         let expected = target.range.end - target.range.start;
         let rest = target.range.start + self.received..target.range.end;
@@ -268,6 +270,11 @@ impl PartStream {
             };
             Stats::add(&ctx.fetch.stats.bytes_received, n);
             ctx.fetch.request_slots.record_received(n);
+            if priority == Priority::Background && ctx.fetch.rates.bandwidth.is_some() {
+                if let Some(schedule) = ctx.write.schedule.as_deref() {
+                    priority = Priority::of(schedule, &object.key, &target.range);
+                }
+            }
             ctx.fetch.rates.bytes(n, priority).await;
             self.received += n;
             brought += n;

@@ -256,6 +256,24 @@ impl Schedule {
         })
     }
 
+    /// The place among `parts` (byte ranges of `key`) of the first one a reader waits for
+    /// some bytes of (not for the whole file: then every part is wanted alike).
+    pub(crate) fn first_wanted<'a>(
+        &self,
+        key: &str,
+        parts: impl Iterator<Item = &'a Range<u64>>,
+    ) -> Option<usize> {
+        let &at = self.positions.get(key)?;
+        let inner = self.lock();
+        if !inner.streams.waits_any(at) {
+            return None;
+        }
+        parts
+            .enumerate()
+            .find(|(_, part)| inner.streams.waits_for(at, part))
+            .map(|(place, _)| place)
+    }
+
     /// Resolves once a reader waits for the part of `key` holding the bytes `part` (at once
     /// if one does now).
     pub(crate) async fn wanted(&self, key: &str, part: &Range<u64>) {
@@ -521,6 +539,38 @@ mod tests {
             "k001",
             "k000 is not handed out again"
         );
+    }
+
+    #[tokio::test]
+    async fn a_read_of_a_file_downloading_waits_for_its_parts_only_and_they_start_first() {
+        const MIB: u64 = 1 << 20;
+        let schedule = schedule(2, 20 * MIB);
+        let RangeWanted::Later(told) = schedule.want_range("k001", 9 * MIB..10 * MIB) else {
+            panic!("nothing of k001 is written yet");
+        };
+        assert_eq!(next_key(&schedule).await, "k001", "fetched first");
+        let parts = [0..8 * MIB, 8 * MIB..16 * MIB, 16 * MIB..20 * MIB];
+        assert_eq!(schedule.first_wanted("k001", parts.iter()), Some(1));
+        assert!(schedule.is_part_wanted("k001", &parts[1]));
+        assert!(!schedule.is_part_wanted("k001", &parts[0]));
+        assert!(schedule.is_wanted("k001"));
+        schedule.streaming("k001", 42, (20 * MIB, 8 * MIB), []);
+        schedule.part_written("k001", 42, 1);
+        let partial = Readable::Partial {
+            inode: 42,
+            runs: vec![8 * MIB..16 * MIB],
+        };
+        assert_eq!(told.await.unwrap(), Ok(partial.clone()));
+        assert!(!schedule.is_wanted("k001"), "nobody waits any more");
+        match schedule.want_range("k001", 8 * MIB..9 * MIB) {
+            RangeWanted::Now(Ok(readable)) => assert_eq!(readable, partial),
+            _ => panic!("written bytes are readable at once"),
+        }
+        schedule.finished("k001", Ok(()));
+        assert!(matches!(
+            schedule.want_range("k001", 0..1),
+            RangeWanted::Now(Ok(Readable::Whole))
+        ));
     }
 
     #[tokio::test]

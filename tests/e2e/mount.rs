@@ -263,6 +263,32 @@ fn a_read_waits_for_the_parts_holding_its_bytes_not_for_the_whole_file() {
 }
 
 #[test]
+fn a_read_at_the_end_of_a_large_file_is_fetched_before_the_parts_ahead_of_it() {
+    let server = Server::local();
+    let big = content(6, 32 << 20);
+    server.seed("tail/", &BTreeMap::from([("big.bin".to_string(), big.clone())]));
+    // 32 parts, two GETs of 300 ms at a time: about 5 s for the whole file in order.
+    slow_gets(&server, "/tail/", Duration::from_millis(300));
+    let mount = Mounted::start(
+        &server,
+        "tail/",
+        &["--part-size", "1Mi", "--concurrency", "2"],
+    );
+
+    let opened = Instant::now();
+    let file = std::fs::File::open(mount.path("big.bin")).unwrap();
+    let mut tail = vec![0; 1 << 20];
+    file.read_exact_at(&mut tail, 31 << 20).unwrap();
+    let waited = opened.elapsed();
+    assert!(tail == big[31 << 20..], "the last MiB as in the store");
+    assert!(
+        waited < Duration::from_millis(2500),
+        "the last part waited {waited:?} behind the parts ahead of it"
+    );
+    assert!(local_files(&mount.cache, "").is_empty(), "not whole yet");
+}
+
+#[test]
 fn a_file_that_cannot_be_fetched_fails_its_open_with_eio_and_the_rest_read() {
     let server = Server::local();
     let dataset = shards("f/", 4, 10_000);
