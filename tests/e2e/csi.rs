@@ -632,6 +632,58 @@ fn a_lazy_view_held_by_the_keeper_outlives_kill_9_of_the_plugin_and_a_restart_of
 }
 
 #[test]
+fn a_large_file_on_a_lazy_volume_reads_while_it_downloads_and_through_a_kill_9_of_the_plugin() {
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    // Five parts of 8 MiB; the GETs of all but the first stall (within the daemon's patience
+    // for a stalled body): the file cannot be whole for a while.
+    let big = content(31, 40 << 20);
+    server.seed("big/", &BTreeMap::from([("big.bin".to_string(), big.clone())]));
+    let stall = Duration::from_millis(4500);
+    server.faults.add(
+        Rule::get("/big/", Fault::StallBody(0, stall))
+            .from_byte(8 << 20)
+            .times(4),
+    );
+    let text = csi_catalog(dir.path(), &server, "1GiB", &["big"]);
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    let csi = Csi::start_with_keeper(dir.path(), &daemon);
+    let target = dir.path().join("pods/uid-1/mount");
+    let lazy = Volume {
+        attributes: &[("start", "lazy")],
+        ..volume("vol-1", "uid-1", "big", &target)
+    };
+    csi.publish_when_ready(&lazy);
+
+    let opened = Instant::now();
+    let mut file = std::fs::File::open(target.join("big.bin")).unwrap();
+    let mut head = vec![0; 8 << 20];
+    std::io::Read::read_exact(&mut file, &mut head).unwrap();
+    let waited = opened.elapsed();
+    assert!(head == big[..8 << 20], "the first part as in the store");
+    assert!(waited < stall, "the read waited {waited:?} for parts it does not hold");
+    assert_eq!(
+        daemon.status("big")["state"],
+        "hydrating",
+        "read before the file was whole"
+    );
+
+    // The plugin dies with the file open: the rest reads through the next plugin.
+    csi.kill_and_restart(Duration::ZERO);
+    let mut rest = Vec::new();
+    let read = std::io::Read::read_to_end(&mut file, &mut rest);
+    assert!(read.is_ok(), "{read:?}\n{}", csi.log());
+    assert!(rest == big[8 << 20..], "the rest as in the store");
+    crate::support::wait_until("ready", Duration::from_secs(30), || {
+        daemon.status("big")["state"] == "ready"
+    });
+    assert!(std::fs::read(target.join("big.bin")).unwrap() == big);
+    drop(file);
+    csi.unpublish("vol-1", &target).unwrap();
+    assert_eq!(mounts_on(&target), 0);
+}
+
+#[test]
 fn only_the_namespaces_and_service_accounts_a_dataset_allows_may_mount_it() {
     let server = Server::local();
     let dir = tempfile::tempdir().unwrap();
