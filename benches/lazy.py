@@ -32,7 +32,11 @@ Shape W measures pre-emption instead: right after the mount (and --settle second
 the shards' GETs are under way), one small file is opened and read whole through the view, then
 two more, one after the other; the same at once after a mount of the small files alone (no
 shards in flight: the file's own transfer). With --baseline-bin OLD, each round runs OLD too, so the table shows before and after.
-W's table replaces its own section of the results file and leaves the other shapes' alone.
+Shape W also measures reads of a shard still downloading: a mount of the shards with the small
+files (under the cap, the first open --settle seconds after the mount) and of the shards alone
+(no cap), in which the second shard is opened, its first MiB timed, and then read on to its
+end; beside it, `hydrator sync` of the shards alone, uncapped, gives the link's rate in the same
+run. W's table replaces its own section of the results file and leaves the other shapes' alone.
 
     python3 benches/lazy.py --shapes W --rounds 3 --hydrator-bin NEW --baseline-bin OLD
 
@@ -478,6 +482,51 @@ class Bench:
         self.unmount()
         return dict(mount=mounted - proc.start, times=times, partials=len(partials), local=local)
 
+    def ranges(self, shape, rnd, hydrator, capped):
+        """Shape W's shards: mount them (capped: with the small files, under the cap), open
+        the second shard, time its first MiB, then read it on to its end."""
+        self.clean()
+        extra = ["--include", shape.includes[0]]
+        if capped:
+            extra = [arg for glob in shape.includes for arg in ("--include", glob)]
+            extra += ["--max-bandwidth", self.args.max_bandwidth]
+        tag = f"ranges-{'capped' if capped else 'free'}-{Path(hydrator).name}-r{rnd}"
+        proc, mounted = self.mount(shape, tag, f"s3://{compare.BUCKET}/", hydrator, extra)
+        if capped:
+            time.sleep(self.args.settle)
+        path = self.mountpoint / shape.shards.prefix / shape.shards.names[1]
+        t = time.monotonic()
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            n = 0
+            while n < MiB:
+                chunk = os.read(fd, MiB - n)
+                if not chunk:
+                    break
+                n += len(chunk)
+            first = time.monotonic() - t
+            while chunk := os.read(fd, READ):
+                n += len(chunk)
+            whole = time.monotonic() - t
+        finally:
+            os.close(fd)
+        self.unmount()
+        if n != shape.shards.size:
+            raise RuntimeError(f"read {n} bytes of a {shape.shards.size}-byte shard")
+        return dict(first=first, whole=whole, rate=n / whole)
+
+    def link_rate(self, shape, rnd):
+        """`hydrator sync` of shape W's shards alone, uncapped: bytes per second."""
+        self.clean()
+        source = f"s3://{compare.BUCKET}/{shape.shards.prefix}/"
+        cmd = [self.hydrator, "sync", source, str(self.dest), "--endpoint-url", self.endpoint,
+               "--progress", "none"]
+        proc = Proc(cmd, self.env, self.logs / f"W-sync-shards-r{rnd}.log")
+        proc.wait()
+        if proc.status != 0:
+            raise RuntimeError(f"hydrator sync exited {proc.status}; see {proc.log.name}")
+        return shape.shards.count * shape.shards.size / (proc.end - proc.start)
+
     def eager(self, shape, rnd):
         self.clean()
         mode = "rand" if shape.random else "seq"
@@ -607,7 +656,38 @@ def preemption(bench, shape, hydrator, baseline):
                     + f" (shards' partial files at the first open: {r['partials']}; "
                     f"files local before their open: {r['local']})")
                 runs[(label, shards)].append(r)
+    reads = {(label, capped): [] for label, _ in binaries for capped in (True, False)}
+    links = []
+    for rnd in range(bench.args.rounds):
+        links.append(bench.link_rate(shape, rnd))
+        log(f"W round {rnd + 1}: sync of the shards at {links[-1] / MiB:.1f} MiB/s")
+        for label, binary in (binaries if rnd % 2 == 0 else binaries[::-1]):
+            for capped in (True, False):
+                r = bench.ranges(shape, rnd, binary, capped)
+                log(f"  W ranges, {label}, {'capped' if capped else 'uncapped'}: first MiB "
+                    f"{r['first']:.3f} s, the shard in {r['whole']:.3f} s "
+                    f"({r['rate'] / MiB:.1f} MiB/s)")
+                reads[(label, capped)].append(r)
     size = human(shape.small.size)
+    cap = bench.args.max_bandwidth
+    part = 8 * MiB
+    shard = human(shape.shards.size)
+    range_rows = [
+        f"| hydrator | first MiB of a {shard} shard, shards in flight, cap {cap} | that shard "
+        f"read on to its end | first MiB, no cap | the shard read sequentially, no cap | "
+        "`sync` of the shards, no cap (the link) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, _ in binaries:
+        capped, free = reads[(label, True)], reads[(label, False)]
+        rate_capped = med(r["rate"] for r in capped)
+        rate_free, link = med(r["rate"] for r in free), med(links)
+        range_rows.append(
+            f"| {label} | {fmt(med(r['first'] for r in capped))} "
+            f"(target ≤ 1 s + one {human(part)} part's transfer) "
+            f"| {rate_capped / MiB:.1f} MiB/s | {fmt(med(r['first'] for r in free))} "
+            f"| {rate_free / MiB:.1f} MiB/s ({rate_free / link:.2f} × the link) "
+            f"| {link / MiB:.1f} MiB/s |")
     rows = [
         f"| hydrator | first {size} file, behind the shards | the next two | "
         f"first {size} file, no shards | shards in flight at the open | opened files already local "
@@ -627,7 +707,7 @@ def preemption(bench, shape, hydrator, baseline):
             f"| {fmt(med(rest))} (max {max(rest):.2f} s) | {fmt(alone_first)} "
             f"| {partials:g} partial files | {sum(r['local'] for r in behind)} of "
             f"{sum(len(r['times']) for r in behind)} | ≤ 1 s + its own transfer ({target}) |")
-    table = "\n".join(rows)
+    table = "\n".join(rows) + "\n\nReads of a shard still downloading:\n\n" + "\n".join(range_rows)
     print(f"\n{PREEMPTION} {shape.title}\n\n{table}\n", flush=True)
     return (f"Cap --max-bandwidth {bench.args.max_bandwidth}; {bench.args.rounds} rounds, "
             f"medians; the first open {bench.args.settle:g} s after the mount was up.\n\n"
