@@ -14,7 +14,8 @@
 #     shows in the pod's events;
 #  6. every example under k8s/examples/ runs to completion (tests/cluster/overlays/EXAMPLE),
 #     its trainer's hashes equal to MinIO's, init-container and csi-job in namespaces that
-#     enforce the Restricted Pod Security level.
+#     enforce the Restricted Pod Security level; csi-job again with `start: lazy` on a dataset
+#     still hydrating, its trainer starting on .hydrator/LAZY.
 # It builds hydrator's image (container/build.sh), brings the cluster up and down (unless
 # HYDRATOR_CLUSTER_KEEP=1, which leaves it up), and prints the figures: the cluster's start
 # time, and the time from `kubectl apply` to a pod reading its dataset.
@@ -88,7 +89,8 @@ ctr -n k8s.io images import "$work/hydrator.tar" >/dev/null
 # MinIO on the host, where pods reach it through the bridge's gateway; three datasets:
 # `imagenet` (many small files and one multipart object), and three lazy ones hydrated slowly
 # by the test catalog (4 MiB/s): `coco` (96 MiB), `places` (384 MiB) and `sun` (128 MiB).
-mkdir -p "$work/minio" "$work/seed/imagenet" "$work/seed/coco" "$work/seed/places" "$work/seed/sun"
+mkdir -p "$work/minio" "$work/seed/imagenet" "$work/seed/coco" "$work/seed/places" "$work/seed/sun" \
+    "$work/seed/openimages"
 export MINIO_ROOT_USER=hydrator-cluster MINIO_ROOT_PASSWORD=cluster-secret-key-0001
 setsid "$minio_bin/minio" server "$work/minio" --address "0.0.0.0:$MINIO_PORT" \
     --console-address 127.0.0.1:$((MINIO_PORT + 1)) >"$work/minio.log" 2>&1 &
@@ -110,14 +112,19 @@ done
 for i in $(seq 0 7); do
     head -c $((16 << 20)) /dev/urandom >"$work/seed/sun/shard-$i.tar"
 done
+for i in $(seq 0 5); do
+    head -c $((16 << 20)) /dev/urandom >"$work/seed/openimages/shard-$i.tar"
+done
 "$minio_bin/mc" mb --quiet store/datasets >/dev/null
 "$minio_bin/mc" cp --quiet --recursive "$work/seed/imagenet/" store/datasets/imagenet/train/ >/dev/null
 "$minio_bin/mc" cp --quiet --recursive "$work/seed/coco/" store/datasets/coco-2017/ >/dev/null
 "$minio_bin/mc" cp --quiet --recursive "$work/seed/places/" store/datasets/places365/ >/dev/null
 "$minio_bin/mc" cp --quiet --recursive "$work/seed/sun/" store/datasets/sun397/ >/dev/null
+"$minio_bin/mc" cp --quiet --recursive "$work/seed/openimages/" store/datasets/openimages/ >/dev/null
 (cd "$work/seed/imagenet" && find . -type f | sort | xargs sha256sum) >"$work/imagenet.sha"
 (cd "$work/seed/coco" && find . -type f | sort | xargs sha256sum) >"$work/coco.sha"
 (cd "$work/seed/places" && find . -type f | sort | xargs sha256sum) >"$work/places.sha"
+(cd "$work/seed/openimages" && find . -type f | sort | xargs sha256sum) >"$work/openimages.sha"
 
 # 1. The node cache, applied as a platform team would.
 kube apply -f "$repo/k8s/node-cache/namespace.yaml" >/dev/null
@@ -288,8 +295,8 @@ ok "volume health: the pod's events say: $(abnormal ended-reader)"
 kube delete namespace cluster-tests --wait=true --timeout=120s >/dev/null
 
 # 6. The examples, each as shipped (overlays/EXAMPLE says what the test changes).
-example() { # name namespace job pod-security-level
-    local name=$1 namespace=$2 job=$3 level=$4 started=$SECONDS
+example() { # name namespace job pod-security-level [dataset]
+    local name=$1 namespace=$2 job=$3 level=$4 dataset=${5:-imagenet} started=$SECONDS
     kube apply -f "$repo/k8s/examples/$name/namespace.yaml" >/dev/null
     if [[ $name == init-container ]]; then
         kube -n "$namespace" create secret generic hydrator-s3-credentials \
@@ -300,8 +307,12 @@ example() { # name namespace job pod-security-level
         || fail "example $name: job $job did not complete: $(kube -n "$namespace" describe job "$job" | tail -5)"
     local pod_name
     pod_name=$(kube -n "$namespace" get pods -l "job-name=$job" -o jsonpath='{.items[0].metadata.name}')
-    diff <(hashes "$pod_name" "$namespace") "$work/imagenet.sha" >/dev/null \
+    diff <(hashes "$pod_name" "$namespace") "$work/$dataset.sha" >/dev/null \
         || fail "example $name: the trainer's dataset differs from MinIO's"
+    if [[ $name == *-lazy ]]; then
+        logs "$pod_name" "$namespace" | grep -q "^lazy view: dataset=$dataset\$" \
+            || fail "example $name: the trainer did not start on the lazy view: $(logs "$pod_name" "$namespace" | head -3)"
+    fi
     local enforced
     enforced=$(kube get namespace "$namespace" -o jsonpath='{.metadata.labels.pod-security\.kubernetes\.io/enforce}')
     [[ "$enforced" == "$level" ]] || fail "example $name: namespace $namespace enforces '$enforced', not $level"
@@ -310,6 +321,10 @@ example() { # name namespace job pod-security-level
 }
 example init-container ml-training train-imagenet restricted
 example csi-job ml-restricted train-imagenet-csi restricted
+# The same example with `start: lazy`, on a dataset still hydrating: its trainer starts on
+# .hydrator/LAZY and reads every shard (two 8 MiB parts each) while it downloads.
+kube wait --for=delete namespace/ml-restricted --timeout=120s >/dev/null 2>&1 || true
+example csi-job-lazy ml-restricted train-imagenet-csi restricted openimages
 # Its pods mount the daemon's socket and the cache by hostPath, which only a privileged
 # namespace admits (examples/warm-job/namespace.yaml says so).
 example warm-job ml-node-cache train-imagenet-cached privileged
