@@ -105,6 +105,10 @@ struct Open {
     streamed: HashMap<u64, u64>,
     /// The partial file read by streamed handles, by inode.
     partials: HashMap<u64, PartialFile>,
+    /// Handles read through this process (`files` and `streamed`), by inode. The kernel fails
+    /// a passthrough open of an inode that a cached handle uses (a handle read here, or a
+    /// streamed one that was mapped), so while one is open the file's opens are served here.
+    read_here: HashMap<u64, usize>,
 }
 
 /// A partial file open for reading, with the byte runs known written in it.
@@ -124,10 +128,38 @@ impl PartialFile {
 
 impl Open {
     /// The backing file kept for `ino`, counted as used by one more handle.
+    /// An idle backing is not taken while a handle of `ino` is read here; one in use always
+    /// is (the inode is then in passthrough mode, and every open of it must be).
     fn take_kept(&mut self, ino: u64) -> Option<Arc<BackingId>> {
+        let read_here = self.read_here.get(&ino).is_some_and(|n| *n > 0);
         let (backing, users) = self.backing.get_mut(&ino)?;
+        if *users == 0 && read_here {
+            return None;
+        }
         *users += 1;
         Some(backing.clone())
+    }
+
+    /// One more handle of `ino` is read through this process, until its release.
+    fn read_here(&mut self, ino: u64) {
+        *self.read_here.entry(ino).or_default() += 1;
+    }
+
+    /// Handle `fh` is released: what this process held for it goes.
+    fn release(&mut self, fh: u64, ino: u64) {
+        let served = self.files.remove(&fh).is_some();
+        let streamed = self.streamed.remove(&fh).is_some();
+        if served || streamed {
+            if let Some(n) = self.read_here.get_mut(&ino) {
+                *n -= 1;
+                if *n == 0 {
+                    self.read_here.remove(&ino);
+                }
+            }
+        }
+        if !self.streamed.values().any(|of| *of == ino) {
+            self.partials.remove(&ino);
+        }
     }
 }
 
@@ -303,7 +335,8 @@ impl Shared {
             Err(err) => return self.fail(file, &format!("opening the local file: {err}"), reply),
         };
         let fh = self.next_handle.fetch_add(1, Relaxed);
-        if self.passthrough.load(Relaxed) {
+        let read_here = self.open_mut().read_here.contains_key(&ino);
+        if self.passthrough.load(Relaxed) && !read_here {
             let mut open = self.open_mut();
             // Another open of the file may have made its backing since.
             let backing = match open.take_kept(ino) {
@@ -332,7 +365,10 @@ impl Shared {
                 );
             }
         }
-        self.open_mut().files.insert(fh, (ino, Arc::new(local)));
+        let mut open = self.open_mut();
+        open.files.insert(fh, (ino, Arc::new(local)));
+        open.read_here(ino);
+        drop(open);
         reply.opened(
             FileHandle(fh),
             FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH,
@@ -379,11 +415,24 @@ impl Shared {
             return;
         };
         let fh = self.next_handle.fetch_add(1, Relaxed);
-        self.open_mut().streamed.insert(fh, ino);
+        let mut open = self.open_mut();
+        open.streamed.insert(fh, ino);
+        open.read_here(ino);
+        drop(open);
         reply.opened(
             FileHandle(fh),
             FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_NOFLUSH,
         );
+    }
+
+    /// Counts handle `fh` of `ino` as read here if an earlier process of the view gave it out
+    /// (until its release).
+    fn adopt(&self, ino: u64, fh: u64) {
+        let mut open = self.open_mut();
+        if !open.streamed.contains_key(&fh) && !open.files.contains_key(&fh) {
+            open.streamed.insert(fh, ino);
+            open.read_here(ino);
+        }
     }
 
     /// The local file a handle opened on a whole file reads.
@@ -634,6 +683,7 @@ impl Filesystem for LazyView {
         if bytes.is_empty() {
             return reply.data(&[]);
         }
+        self.shared.adopt(ino.0, fh.0);
         self.shared.read_range((ino.0, fh.0), bytes, reply);
     }
 
@@ -676,12 +726,7 @@ impl Filesystem for LazyView {
         reply: ReplyEmpty,
     ) {
         let mut open = self.shared.open_mut();
-        open.files.remove(&fh.0);
-        if let Some(ino) = open.streamed.remove(&fh.0) {
-            if !open.streamed.values().any(|of| *of == ino) {
-                open.partials.remove(&ino);
-            }
-        }
+        open.release(fh.0, ino.0);
         // A handle of an earlier process of the view has nothing here to let go of.
         if let Some(ino) = (open.handles.get(&fh.0).copied()).filter(|of| *of == ino.0) {
             open.handles.remove(&fh.0);

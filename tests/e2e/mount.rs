@@ -263,6 +263,51 @@ fn a_read_waits_for_the_parts_holding_its_bytes_not_for_the_whole_file() {
 }
 
 #[test]
+fn a_file_mapped_while_it_downloads_reads_right_and_opens_of_it_go_on_once_whole() {
+    use std::os::fd::AsRawFd;
+    let server = Server::local();
+    let big = content(8, 12 << 20);
+    server.seed("mapped/", &BTreeMap::from([("big.bin".to_string(), big.clone())]));
+    server.faults.add(
+        Rule::get("big.bin", Fault::StallBody(0, Duration::from_secs(2)))
+            .from_byte(4 << 20)
+            .times(8),
+    );
+    let mount = Mounted::start(&server, "mapped/", &["--part-size", "1Mi"]);
+
+    let file = std::fs::File::open(mount.path("big.bin")).unwrap();
+    let len = big.len();
+    // SAFETY: a read-only shared mapping of a file open for reading, unmapped below and read
+    // only in between.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(map, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+    // SAFETY: `map` is `len` readable bytes until the munmap below.
+    let mapped = unsafe { std::slice::from_raw_parts(map as *const u8, len) };
+    assert!(mapped[..1 << 20] == big[..1 << 20], "the first MiB as in the store");
+    assert!(local_files(&mount.cache, "").is_empty(), "read before the file is whole");
+    assert!(mapped == &big[..], "every page as in the store");
+    wait_until("the file whole", Duration::from_secs(30), || {
+        !local_files(&mount.cache, "").is_empty()
+    });
+    // The mapping keeps the inode in the kernel's cached mode: a new open is still answered.
+    let again = std::fs::read(mount.path("big.bin"));
+    assert!(again.as_ref().is_ok_and(|again| *again == big), "{again:?}");
+    // SAFETY: `map` was mapped above with `len` bytes and is not used after this.
+    assert_eq!(unsafe { libc::munmap(map, len) }, 0);
+    drop(file);
+    assert!(std::fs::read(mount.path("big.bin")).unwrap() == big);
+}
+
+#[test]
 fn a_read_at_the_end_of_a_large_file_is_fetched_before_the_parts_ahead_of_it() {
     let server = Server::local();
     let big = content(6, 32 << 20);
