@@ -20,8 +20,7 @@ use super::holder;
 use super::identity::{self, Caller};
 use super::protocol::{
     DatasetStatus, ErrorBody, LeaseRequest, PodIdentity, State as DatasetState, WantAnswer,
-    WantRequest,
-    WarmRequest, UNTIL_RELEASED,
+    WantRequest, WarmRequest, UNTIL_RELEASED,
 };
 use super::registry::{self, LeaseAsk, LeaseRefused};
 use super::Daemon;
@@ -349,7 +348,10 @@ impl Asked {
             Self::Range(RangeWanted::Now(outcome)) => Some(outcome),
             Self::Whole(Wanted::Later(told)) => {
                 let told = tokio::time::timeout(WANT_HOLD, told).await.ok()?;
-                Some(told.unwrap_or_else(|_| Err(ended())).map(|()| Readable::Whole))
+                Some(
+                    told.unwrap_or_else(|_| Err(ended()))
+                        .map(|()| Readable::Whole),
+                )
             }
             Self::Range(RangeWanted::Later(told)) => {
                 let told = tokio::time::timeout(WANT_HOLD, told).await.ok()?;

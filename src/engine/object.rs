@@ -585,9 +585,10 @@ fn next_part(
     key: &str,
     to_fetch: &mut std::collections::VecDeque<(usize, std::ops::Range<u64>)>,
 ) -> Option<(usize, std::ops::Range<u64>)> {
-    let wanted = ctx.write.schedule.as_deref().and_then(|schedule| {
-        schedule.first_wanted(key, to_fetch.iter().map(|(_, range)| range))
-    });
+    let wanted =
+        ctx.write.schedule.as_deref().and_then(|schedule| {
+            schedule.first_wanted(key, to_fetch.iter().map(|(_, range)| range))
+        });
     to_fetch.remove(wanted.unwrap_or(0))
 }
 

@@ -128,7 +128,9 @@ async fn fetch(
         Some(schedule) => {
             let (key, part) = (&object.key, &target.range);
             let priority = Priority::of(schedule, key, part);
-            slots.acquire(len, priority, schedule.wanted(key, part)).await
+            slots
+                .acquire(len, priority, schedule.wanted(key, part))
+                .await
         }
     };
     if slots.limit() >= slots.max() {

@@ -235,7 +235,10 @@ mod tests {
         streams.written(3, 77, 1);
         assert!(told.try_recv().is_err(), "part 0 is still missing");
         streams.written(3, 99, 0);
-        assert!(told.try_recv().is_err(), "another attempt's part says nothing");
+        assert!(
+            told.try_recv().is_err(),
+            "another attempt's part says nothing"
+        );
         streams.written(3, 77, 0);
         assert_eq!(
             told.try_recv().unwrap(),

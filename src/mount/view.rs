@@ -470,7 +470,9 @@ impl Shared {
             return reply_read(&partial, &bytes, reply);
         }
         match self.wants.want_range(file, bytes.clone()) {
-            RangeWanted::Now(outcome) => self.read_readable((ino, fh), bytes, (outcome, asked), reply),
+            RangeWanted::Now(outcome) => {
+                self.read_readable((ino, fh), bytes, (outcome, asked), reply)
+            }
             RangeWanted::Later(told) => {
                 let shared = self.clone();
                 let reply = HeldReply(Some(reply));
@@ -504,7 +506,9 @@ impl Shared {
         match found {
             Ok(Some(local)) => reply_read(&local, &bytes, reply),
             // The download started again since it was told (a new partial file).
-            Ok(None) if asked < MAX_ASKS => self.read_range_again((ino, fh), bytes, asked + 1, reply),
+            Ok(None) if asked < MAX_ASKS => {
+                self.read_range_again((ino, fh), bytes, asked + 1, reply)
+            }
             Ok(None) => {
                 let reason = "its partial file keeps changing";
                 self.report(node, "a read failed with EIO", reason);
@@ -518,7 +522,12 @@ impl Shared {
     }
 
     /// The published file of `ino`, kept for the later reads of handle `fh`.
-    fn open_whole(&self, ino: u64, fh: u64, node: &FileNode) -> Result<Option<Arc<File>>, Unavailable> {
+    fn open_whole(
+        &self,
+        ino: u64,
+        fh: u64,
+        node: &FileNode,
+    ) -> Result<Option<Arc<File>>, Unavailable> {
         let local = match self.dest.open_final(&node.rel) {
             Ok(Some(local)) => Arc::new(local),
             Ok(None) => return Err("the local file is missing".into()),

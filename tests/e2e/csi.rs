@@ -638,7 +638,10 @@ fn a_large_file_on_a_lazy_volume_reads_while_it_downloads_and_through_a_kill_9_o
     // Five parts of 8 MiB; the GETs of all but the first stall (within the daemon's patience
     // for a stalled body): the file cannot be whole for a while.
     let big = content(31, 40 << 20);
-    server.seed("big/", &BTreeMap::from([("big.bin".to_string(), big.clone())]));
+    server.seed(
+        "big/",
+        &BTreeMap::from([("big.bin".to_string(), big.clone())]),
+    );
     let stall = Duration::from_millis(4500);
     server.faults.add(
         Rule::get("/big/", Fault::StallBody(0, stall))
@@ -661,7 +664,10 @@ fn a_large_file_on_a_lazy_volume_reads_while_it_downloads_and_through_a_kill_9_o
     std::io::Read::read_exact(&mut file, &mut head).unwrap();
     let waited = opened.elapsed();
     assert!(head == big[..8 << 20], "the first part as in the store");
-    assert!(waited < stall, "the read waited {waited:?} for parts it does not hold");
+    assert!(
+        waited < stall,
+        "the read waited {waited:?} for parts it does not hold"
+    );
     assert_eq!(
         daemon.status("big")["state"],
         "hydrating",

@@ -222,7 +222,10 @@ fn an_opened_file_jumps_the_queue_and_the_files_after_it_follow() {
 fn a_read_waits_for_the_parts_holding_its_bytes_not_for_the_whole_file() {
     let server = Server::local();
     let big = content(5, 12 << 20);
-    server.seed("ranges/", &BTreeMap::from([("big.bin".to_string(), big.clone())]));
+    server.seed(
+        "ranges/",
+        &BTreeMap::from([("big.bin".to_string(), big.clone())]),
+    );
     // Each GET from the fifth MiB on stalls (within the client's patience for a stalled
     // body): the file cannot be whole for a while.
     let stall = Duration::from_secs(3);
@@ -239,7 +242,10 @@ fn a_read_waits_for_the_parts_holding_its_bytes_not_for_the_whole_file() {
     file.read_exact(&mut head).unwrap();
     let waited = opened.elapsed();
     assert!(head == big[..4 << 20], "the first 4 MiB as in the store");
-    assert!(waited < stall, "the read waited {waited:?} for parts it does not hold");
+    assert!(
+        waited < stall,
+        "the read waited {waited:?} for parts it does not hold"
+    );
     assert!(
         local_files(&mount.cache, "").is_empty() && !has_ready(&mount.cache),
         "the file is not whole yet: the bytes came from its written parts"
@@ -253,7 +259,11 @@ fn a_read_waits_for_the_parts_holding_its_bytes_not_for_the_whole_file() {
     assert!(opened.elapsed() >= stall, "the rest waited for its parts");
     // Whole now: a new open reads the local file, and the handle open before reads on.
     let whole = std::fs::read(mount.path("big.bin"));
-    assert!(whole.as_ref().is_ok_and(|whole| *whole == big), "{whole:?} {}", mount.log());
+    assert!(
+        whole.as_ref().is_ok_and(|whole| *whole == big),
+        "{whole:?} {}",
+        mount.log()
+    );
     let mut again = vec![0; 1 << 20];
     file.read_exact_at(&mut again, 11 << 20).unwrap();
     assert!(again == big[11 << 20..]);
@@ -267,7 +277,10 @@ fn a_file_mapped_while_it_downloads_reads_right_and_opens_of_it_go_on_once_whole
     use std::os::fd::AsRawFd;
     let server = Server::local();
     let big = content(8, 12 << 20);
-    server.seed("mapped/", &BTreeMap::from([("big.bin".to_string(), big.clone())]));
+    server.seed(
+        "mapped/",
+        &BTreeMap::from([("big.bin".to_string(), big.clone())]),
+    );
     server.faults.add(
         Rule::get("big.bin", Fault::StallBody(0, Duration::from_secs(2)))
             .from_byte(4 << 20)
@@ -296,8 +309,14 @@ fn a_file_mapped_while_it_downloads_reads_right_and_opens_of_it_go_on_once_whole
     assert_ne!(map, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
     // SAFETY: `map` is `len` readable bytes until the munmap below.
     let mapped = unsafe { std::slice::from_raw_parts(map as *const u8, len) };
-    assert!(mapped[..1 << 20] == big[..1 << 20], "the first MiB as in the store");
-    assert!(local_files(&mount.cache, "").is_empty(), "read before the file is whole");
+    assert!(
+        mapped[..1 << 20] == big[..1 << 20],
+        "the first MiB as in the store"
+    );
+    assert!(
+        local_files(&mount.cache, "").is_empty(),
+        "read before the file is whole"
+    );
     assert!(mapped == &big[..], "every page as in the store");
     wait_until("the file whole", Duration::from_secs(30), || {
         !local_files(&mount.cache, "").is_empty()
@@ -316,7 +335,10 @@ fn a_file_mapped_while_it_downloads_reads_right_and_opens_of_it_go_on_once_whole
 fn a_read_at_the_end_of_a_large_file_is_fetched_before_the_parts_ahead_of_it() {
     let server = Server::local();
     let big = content(6, 32 << 20);
-    server.seed("tail/", &BTreeMap::from([("big.bin".to_string(), big.clone())]));
+    server.seed(
+        "tail/",
+        &BTreeMap::from([("big.bin".to_string(), big.clone())]),
+    );
     // 32 parts, two GETs of 300 ms at a time: about 5 s for the whole file in order.
     slow_gets(&server, "/tail/", Duration::from_millis(300));
     let mount = Mounted::start(

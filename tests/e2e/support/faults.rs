@@ -151,7 +151,9 @@ impl Faults {
             let matches = rule.method == method
                 && path.contains(&rule.path_contains)
                 && (!rule.ranged_only || ranged)
-                && rule.range_from.is_none_or(|from| range.is_some_and(|at| at >= from))
+                && rule
+                    .range_from
+                    .is_none_or(|from| range.is_some_and(|at| at >= from))
                 && rule.query_contains.is_none_or(|q| query.contains(q));
             if !matches || *fired >= rule.times {
                 continue;
@@ -205,7 +207,11 @@ impl FaultyS3 {
         // The first byte a `Range: bytes=N-M` asks for.
         let range_start = req.headers().get("range").map(|_| {
             let first = range.unwrap_or_default().trim_start_matches("bytes=");
-            first.split('-').next().and_then(|n| n.parse().ok()).unwrap_or(0)
+            first
+                .split('-')
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0)
         });
         let kind = match (method.as_str(), is_object) {
             ("GET", true) if range == Some("bytes=0-0") => Some(&self.faults.stat_gets),
