@@ -558,7 +558,7 @@ mod tests {
         schedule.part_written("k001", 42, 1);
         let partial = Readable::Partial {
             inode: 42,
-            runs: vec![8 * MIB..16 * MIB],
+            runs: std::iter::once(8 * MIB..16 * MIB).collect(),
         };
         assert_eq!(told.await.unwrap(), Ok(partial.clone()));
         assert!(!schedule.is_wanted("k001"), "nobody waits any more");

@@ -224,7 +224,7 @@ mod tests {
             streams.readable_now(3, &(17 * MIB..18 * MIB)),
             Some(Readable::Partial {
                 inode: 77,
-                runs: vec![16 * MIB..20 * MIB]
+                runs: std::iter::once(16 * MIB..20 * MIB).collect()
             }),
             "the last, short part was resumed"
         );
@@ -244,7 +244,7 @@ mod tests {
             told.try_recv().unwrap(),
             Ok(Readable::Partial {
                 inode: 77,
-                runs: vec![0..20 * MIB]
+                runs: std::iter::once(0..20 * MIB).collect()
             })
         );
         assert!(!streams.waits_any(3));

@@ -645,7 +645,7 @@ fn a_large_file_on_a_lazy_volume_reads_while_it_downloads_and_through_a_kill_9_o
     let stall = Duration::from_millis(4500);
     server.faults.add(
         Rule::get("/big/", Fault::StallBody(0, stall))
-            .from_byte(8 << 20)
+            .ranges_from(8 << 20)
             .times(4),
     );
     let text = csi_catalog(dir.path(), &server, "1GiB", &["big"]);

@@ -231,7 +231,7 @@ fn a_read_waits_for_the_parts_holding_its_bytes_not_for_the_whole_file() {
     let stall = Duration::from_secs(3);
     server.faults.add(
         Rule::get("big.bin", Fault::StallBody(0, stall))
-            .from_byte(4 << 20)
+            .ranges_from(4 << 20)
             .times(8),
     );
     let mount = Mounted::start(&server, "ranges/", &["--part-size", "1Mi"]);
@@ -283,7 +283,7 @@ fn a_file_mapped_while_it_downloads_reads_right_and_opens_of_it_go_on_once_whole
     );
     server.faults.add(
         Rule::get("big.bin", Fault::StallBody(0, Duration::from_secs(2)))
-            .from_byte(4 << 20)
+            .ranges_from(4 << 20)
             .times(8),
     );
     let mount = Mounted::start(&server, "mapped/", &["--part-size", "1Mi"]);

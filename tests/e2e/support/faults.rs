@@ -103,7 +103,7 @@ impl Rule {
     }
 
     /// Only GETs of the bytes from `start` on.
-    pub fn from_byte(mut self, start: u64) -> Self {
+    pub fn ranges_from(mut self, start: u64) -> Self {
         self.range_from = Some(start);
         self
     }
