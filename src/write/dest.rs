@@ -178,23 +178,21 @@ impl Dest {
 
     /// Opens the file at `rel`'s final name for reading, never through a symlink.
     pub(crate) fn open_final(&self, rel: &RelPath) -> io::Result<Option<File>> {
-        let Some(dir) = self.open_parent(rel, false)? else {
-            return Ok(None);
-        };
-        match dir.open_file(rel.file_name(), OFlags::RDONLY) {
-            Ok(file) => Ok(Some(file)),
-            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(err) => Err(err),
-        }
+        self.open_beside(rel, rel.file_name())
     }
 
     /// Opens `rel`'s `.NAME.partial` for reading (a lazy view's read of a file still
     /// downloading), never through a symlink.
     pub(crate) fn open_partial(&self, rel: &RelPath) -> io::Result<Option<File>> {
+        self.open_beside(rel, &rel.partial_name())
+    }
+
+    /// Opens `name` in `rel`'s directory for reading, if it is there.
+    fn open_beside(&self, rel: &RelPath, name: &str) -> io::Result<Option<File>> {
         let Some(dir) = self.open_parent(rel, false)? else {
             return Ok(None);
         };
-        match dir.open_file(rel.partial_name(), OFlags::RDONLY) {
+        match dir.open_file(name, OFlags::RDONLY) {
             Ok(file) => Ok(Some(file)),
             Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(err) => Err(err),
