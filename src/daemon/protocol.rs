@@ -281,6 +281,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_want_without_a_range_asks_for_the_whole_file_and_answers_say_where_bytes_are() {
+        let whole: WantRequest = serde_json::from_str(r#"{"snapshot":"s","key":"k"}"#).unwrap();
+        assert_eq!(
+            whole.range, None,
+            "an open by a plugin that asks for whole files"
+        );
+        let ranged: WantRequest =
+            serde_json::from_str(r#"{"snapshot":"s","key":"k","range":[8,16]}"#).unwrap();
+        assert_eq!(ranged.range, Some([8, 16]));
+        assert_eq!(
+            serde_json::to_string(&WantAnswer::from(Readable::Whole)).unwrap(),
+            "{}"
+        );
+        let partial = Readable::Partial {
+            inode: 7,
+            runs: vec![0..8, 16..24],
+        };
+        let json = serde_json::to_string(&WantAnswer::from(partial.clone())).unwrap();
+        assert_eq!(json, r#"{"partial":{"inode":7,"runs":[[0,8],[16,24]]}}"#);
+        let back: WantAnswer = serde_json::from_str(&json).unwrap();
+        assert_eq!(Readable::from(back), partial);
+    }
+
+    #[test]
     fn a_phase_reads_the_same_in_json_and_in_the_log() {
         use Phase::*;
         for phase in [Queued, Listing, Linking, Reserving, Downloading] {
