@@ -33,10 +33,11 @@ the shards' GETs are under way), one small file is opened and read whole through
 two more, one after the other; the same at once after a mount of the small files alone (no
 shards in flight: the file's own transfer). With --baseline-bin OLD, each round runs OLD too, so the table shows before and after.
 Shape W also measures reads of a shard still downloading: a mount of the shards with the small
-files (under the cap, the first open --settle seconds after the mount) and of the shards alone
-(no cap), in which the second shard is opened, its first MiB timed, and then read on to its
-end; beside it, `hydrator sync` of the shards alone, uncapped, gives the link's rate in the same
-run. W's table replaces its own section of the results file and leaves the other shapes' alone.
+files (under the cap, the first open --settle seconds after the mount) and a mount of the second
+shard alone (no cap), in which that shard is opened, its first MiB timed, and then read on to
+its end; beside it, `hydrator sync` of that shard alone, uncapped, gives the link's rate in the
+same run (its wall time from the process's start: listing included, which the mount's read
+does not count). W's table replaces its own section of the results file and leaves the other shapes' alone.
 
     python3 benches/lazy.py --shapes W --rounds 3 --hydrator-bin NEW --baseline-bin OLD
 
@@ -483,10 +484,11 @@ class Bench:
         return dict(mount=mounted - proc.start, times=times, partials=len(partials), local=local)
 
     def ranges(self, shape, rnd, hydrator, capped):
-        """Shape W's shards: mount them (capped: with the small files, under the cap), open
-        the second shard, time its first MiB, then read it on to its end."""
+        """Shape W's second shard: mount it (capped: with the other shard and the small files,
+        under the cap; uncapped: alone), open it, time its first MiB, then read it on to its
+        end."""
         self.clean()
-        extra = ["--include", shape.includes[0]]
+        extra = ["--include", f"{shape.shards.prefix}/{shape.shards.names[1]}"]
         if capped:
             extra = [arg for glob in shape.includes for arg in ("--include", glob)]
             extra += ["--max-bandwidth", self.args.max_bandwidth]
@@ -516,16 +518,16 @@ class Bench:
         return dict(first=first, whole=whole, rate=n / whole)
 
     def link_rate(self, shape, rnd):
-        """`hydrator sync` of shape W's shards alone, uncapped: bytes per second."""
+        """`hydrator sync` of shape W's second shard alone, uncapped: bytes per second."""
         self.clean()
         source = f"s3://{compare.BUCKET}/{shape.shards.prefix}/"
         cmd = [self.hydrator, "sync", source, str(self.dest), "--endpoint-url", self.endpoint,
-               "--progress", "none"]
+               "--progress", "none", "--include", shape.shards.names[1]]
         proc = Proc(cmd, self.env, self.logs / f"W-sync-shards-r{rnd}.log")
         proc.wait()
         if proc.status != 0:
             raise RuntimeError(f"hydrator sync exited {proc.status}; see {proc.log.name}")
-        return shape.shards.count * shape.shards.size / (proc.end - proc.start)
+        return shape.shards.size / (proc.end - proc.start)
 
     def eager(self, shape, rnd):
         self.clean()
@@ -660,7 +662,7 @@ def preemption(bench, shape, hydrator, baseline):
     links = []
     for rnd in range(bench.args.rounds):
         links.append(bench.link_rate(shape, rnd))
-        log(f"W round {rnd + 1}: sync of the shards at {links[-1] / MiB:.1f} MiB/s")
+        log(f"W round {rnd + 1}: sync of the shard at {links[-1] / MiB:.1f} MiB/s")
         for label, binary in (binaries if rnd % 2 == 0 else binaries[::-1]):
             for capped in (True, False):
                 r = bench.ranges(shape, rnd, binary, capped)
@@ -674,8 +676,8 @@ def preemption(bench, shape, hydrator, baseline):
     shard = human(shape.shards.size)
     range_rows = [
         f"| hydrator | first MiB of a {shard} shard, shards in flight, cap {cap} | that shard "
-        f"read on to its end | first MiB, no cap | the shard read sequentially, no cap | "
-        "`sync` of the shards, no cap (the link) |",
+        f"read on to its end | the shard alone, no cap: first MiB | read sequentially | "
+        "`sync` of the shard, no cap (the link) |",
         "|---|---|---|---|---|---|",
     ]
     for label, _ in binaries:
