@@ -813,19 +813,30 @@ impl Filesystem for LazyView {
     }
 }
 
-/// Answers a read of `bytes` of `file` (fewer only at its end).
+/// Answers a read of `bytes` of `file` (fewer only at its end), through a buffer each thread
+/// keeps: a fresh one per read would cost a page fault per 4 KiB (a reader of 2 GiB through
+/// the view cost 2.3 CPU-s per GiB that way, most of it faulting in new pages).
 fn reply_read(file: &File, bytes: &Range<u64>, reply: ReplyData) {
-    let mut buf = vec![0; (bytes.end - bytes.start) as usize];
-    let mut filled = 0;
-    while filled < buf.len() {
-        match file.read_at(&mut buf[filled..], bytes.start + filled as u64) {
-            Ok(0) => break,
-            Ok(n) => filled += n,
-            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => return reply.error(Errno::EIO),
-        }
+    thread_local! {
+        static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
-    reply.data(&buf[..filled]);
+    let len = (bytes.end - bytes.start) as usize;
+    BUF.with_borrow_mut(|buf| {
+        if buf.len() < len {
+            buf.resize(len, 0);
+        }
+        let buf = &mut buf[..len];
+        let mut filled = 0;
+        while filled < len {
+            match file.read_at(&mut buf[filled..], bytes.start + filled as u64) {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return reply.error(Errno::EIO),
+            }
+        }
+        reply.data(&buf[..filled]);
+    });
 }
 
 /// The part of `bytes` a read at `offset` of `size` bytes gets.
