@@ -297,7 +297,7 @@ kube delete namespace cluster-tests --wait=true --timeout=120s >/dev/null
 # 6. The examples, each as shipped (overlays/EXAMPLE says what the test changes).
 example() { # name namespace job pod-security-level [dataset]
     local name=$1 namespace=$2 job=$3 level=$4 dataset=${5:-imagenet} started=$SECONDS
-    kube apply -f "$repo/k8s/examples/$name/namespace.yaml" >/dev/null
+    kube apply -f "$repo/k8s/examples/${name%-lazy}/namespace.yaml" >/dev/null
     if [[ $name == init-container ]]; then
         kube -n "$namespace" create secret generic hydrator-s3-credentials \
             --from-literal=access-key="$MINIO_ROOT_USER" --from-literal=secret-key="$MINIO_ROOT_PASSWORD" >/dev/null
