@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use tokio::sync::{oneshot, Notify};
 
+pub(crate) use super::streams::Unavailable;
 use super::streams::{RangeWanted, Readable, Streams};
 use crate::error::ObjectError;
 use crate::manifest::ObjectState;
@@ -37,9 +38,6 @@ pub(crate) struct Planned {
     /// Its place in the background window, held until its download ends.
     pub window: Option<WindowPlace>,
 }
-
-/// Why an object is not local: its fetch failed (the engine's reason), or the view is stopping.
-pub(crate) type Unavailable = Arc<str>;
 
 /// Whether a wanted object is local now, or when it will be.
 pub(crate) enum Wanted {

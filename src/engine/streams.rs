@@ -22,10 +22,12 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
+use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use super::schedule::Unavailable;
+/// Why an object is not local: its fetch failed (the engine's reason), or the view is stopping.
+pub(crate) type Unavailable = Arc<str>;
 
 /// Where a reader finds the bytes it asked for.
 #[derive(Clone, Debug, PartialEq, Eq)]
