@@ -452,11 +452,7 @@ impl Shared {
     /// Answers a read of `ino` through handle `fh` that is not a local whole file's: a
     /// streamed handle, or one an earlier process of the view gave out. It waits for the
     /// parts holding the bytes asked for (`asked` times so far).
-    fn read_range(self: &Arc<Self>, (ino, fh): (u64, u64), bytes: Range<u64>, reply: ReplyData) {
-        self.read_range_again((ino, fh), bytes, 0, reply);
-    }
-
-    fn read_range_again(
+    fn read_range(
         self: &Arc<Self>,
         (ino, fh): (u64, u64),
         bytes: Range<u64>,
@@ -506,9 +502,7 @@ impl Shared {
         match found {
             Ok(Some(local)) => reply_read(&local, &bytes, reply),
             // The download started again since it was told (a new partial file).
-            Ok(None) if asked < MAX_ASKS => {
-                self.read_range_again((ino, fh), bytes, asked + 1, reply)
-            }
+            Ok(None) if asked < MAX_ASKS => self.read_range((ino, fh), bytes, asked + 1, reply),
             Ok(None) => {
                 let reason = "its partial file keeps changing";
                 self.report(node, "a read failed with EIO", reason);
@@ -693,7 +687,7 @@ impl Filesystem for LazyView {
             return reply.data(&[]);
         }
         self.shared.adopt(ino.0, fh.0);
-        self.shared.read_range((ino.0, fh.0), bytes, reply);
+        self.shared.read_range((ino.0, fh.0), bytes, 0, reply);
     }
 
     /// Nothing is ever written: a close has nothing to flush (and `FOPEN_NOFLUSH` asks the
