@@ -101,6 +101,9 @@ pub enum Command {
     /// Hold the connections of the CSI plugin's lazy views, so that they outlive the plugin's
     /// restarts (a DaemonSet of its own, beside the plugin's).
     CsiKeeper(CsiKeeperArgs),
+    /// Run the controller of a Kueue AdmissionCheck: warm a workload's datasets on the nodes
+    /// its pods will run on before Kueue admits it, and label the nodes with what they hold.
+    Admission(AdmissionArgs),
     /// Mount s3://BUCKET/PREFIX/ read-only at MOUNTPOINT at once, hydrating it into --cache DIR
     /// meanwhile: files opened first are fetched first; local files read at local speed.
     #[command(
@@ -240,6 +243,42 @@ pub struct CsiArgs {
     pub keeper_socket: Option<PathBuf>,
     #[command(flatten)]
     pub connection: DaemonConnection,
+}
+
+#[derive(Debug, Args)]
+pub struct AdmissionArgs {
+    /// The `spec.controllerName` of the AdmissionChecks this controller serves.
+    #[arg(long, default_value = "hydrator.dev/prewarm")]
+    pub controller_name: String,
+    /// The bearer token the node daemons know this controller by (a `listen.tokens` entry of
+    /// their catalog).
+    #[arg(long, env = "HYDRATOR_TOKEN_FILE")]
+    pub token_file: PathBuf,
+    /// The namespace of the node cache's DaemonSet.
+    #[arg(long, default_value = "hydrator-system")]
+    pub daemon_namespace: String,
+    /// The label selector of the DaemonSet's pods.
+    #[arg(long, default_value = "app.kubernetes.io/name=hydrator")]
+    pub daemon_selector: String,
+    /// The daemons' API port on their pod's IP.
+    #[arg(long, default_value_t = 7070)]
+    pub daemon_port: u16,
+    /// How many nodes may fetch from the store at once, cluster-wide (a dataset that comes
+    /// through Dragonfly peers counts once, however many nodes fetch it).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    pub warm_budget: u32,
+    /// How long a workload may hold its reserved quota while its datasets warm, in seconds:
+    /// a warm-up expected to end later gives the quota back (Retry) and asks to be requeued
+    /// when it should be done.
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
+    pub hold_seconds: u64,
+    /// Seconds between rounds (each asks every node's daemon what it holds); a change to a
+    /// Workload, a Node or a daemon starts one sooner.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    pub interval_seconds: u64,
+    /// The CSI driver's name in pods' `csi:` volumes.
+    #[arg(long, default_value = "cache.hydrator.dev")]
+    pub driver_name: String,
 }
 
 #[derive(Debug, Args)]

@@ -33,6 +33,7 @@ pub async fn run(command: Command) -> Result<Exit, SyncError> {
         Command::Lease(args) => crate::lease::run(args).await,
         Command::Csi(args) => crate::csi::run(args).await,
         Command::CsiKeeper(args) => crate::csi::keep(args).await,
+        Command::Admission(args) => crate::admission::run(args).await,
         Command::Mount(args) => crate::mount::run(args).await,
         Command::Completions(args) => {
             let mut command = Cli::command();

@@ -31,6 +31,8 @@ mod registration;
 mod service;
 mod target;
 mod views;
+
+pub(crate) use plugin::DATASET_ATTRIBUTE;
 mod volumes;
 
 use std::path::{Path, PathBuf};

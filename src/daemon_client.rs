@@ -99,6 +99,24 @@ impl Client {
         })
     }
 
+    /// A client of the daemon at `address` (`IP:PORT`) as the bearer of `token`, for a
+    /// controller that asks many daemons: an absent daemon is not waited for, and every call
+    /// ends by `deadline`.
+    pub(crate) fn tcp(
+        address: String,
+        token: String,
+        deadline: Instant,
+        command: &'static str,
+    ) -> Self {
+        Self {
+            endpoint: Endpoint::Tcp(address),
+            token: Some(token),
+            daemon_wait: Duration::ZERO,
+            deadline: Some(deadline),
+            command,
+        }
+    }
+
     /// One request, asked again while the daemon is absent (for `daemon_wait`), each attempt
     /// bounded in time.
     pub(crate) async fn call(

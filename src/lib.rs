@@ -7,6 +7,7 @@
 //! buffer → `write` hands buffers to writer threads (io_uring or pwrite) and publishes whole
 //! files atomically in durable batches → `report` says what happened.
 
+pub(crate) mod admission;
 pub(crate) mod bound;
 pub mod cli;
 pub mod commands;

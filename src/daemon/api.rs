@@ -202,9 +202,9 @@ async fn list(State(daemon): Shared, caller: Extension<Caller>) -> Json<Vec<Data
     Json(
         catalog
             .datasets
-            .keys()
-            .filter(|name| caller.may_use(name))
-            .map(|name| registry.status(&daemon.root, name))
+            .iter()
+            .filter(|(name, _)| caller.may_use(name))
+            .map(|(name, dataset)| described(registry.status(&daemon.root, name), dataset))
             .collect(),
     )
 }
@@ -214,10 +214,23 @@ async fn status(
     caller: Extension<Caller>,
     Path(name): Path<String>,
 ) -> Response {
-    if let Err(response) = check_dataset(&daemon, &caller, &name, None) {
-        return *response;
-    }
-    Json(daemon.registry().status(&daemon.root, &name)).into_response()
+    let dataset = match check_dataset(&daemon, &caller, &name, None) {
+        Ok(dataset) => dataset,
+        Err(response) => return *response,
+    };
+    Json(described(
+        daemon.registry().status(&daemon.root, &name),
+        &dataset,
+    ))
+    .into_response()
+}
+
+/// `status` with what the catalog says of its dataset.
+fn described(mut status: DatasetStatus, dataset: &Dataset) -> DatasetStatus {
+    status.lazy = dataset.start == Start::Lazy;
+    status.shard = dataset.shard.map(|shard| shard.to_string());
+    status.p2p = dataset.p2p;
+    status
 }
 
 async fn warm(
@@ -242,11 +255,9 @@ async fn warm(
             return error(StatusCode::FORBIDDEN, why.to_string());
         }
     }
-    let lazy = dataset.start == Start::Lazy;
-    let shard = dataset.shard.map(|shard| shard.to_string());
     let mut done = match flight::warm(&daemon, &name, &dataset) {
-        Warm::Known(mut status) => {
-            (status.lazy, status.shard) = (lazy, shard);
+        Warm::Known(status) => {
+            let status = described(*status, &dataset);
             return (warm_code(status.state), Json(status)).into_response();
         }
         Warm::Hydrating(done) => done,
@@ -255,8 +266,7 @@ async fn warm(
         // A closed channel means the flight's task is gone: its end is in the status.
         let _ = done.wait_for(|ended| *ended).await;
     }
-    let mut status = daemon.registry().status(&daemon.root, &name);
-    (status.lazy, status.shard) = (lazy, shard);
+    let status = described(daemon.registry().status(&daemon.root, &name), &dataset);
     let code = warm_code(status.state);
     let location = HeaderValue::from_str(&format!("/v1/datasets/{name}"))
         .expect("catalog names are valid header values");

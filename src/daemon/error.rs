@@ -37,6 +37,14 @@ pub(crate) enum HydrationError {
     Panicked(String),
 }
 
+impl HydrationError {
+    /// The dataset needs more than the cache's whole quota: no eviction makes room for it.
+    pub(crate) fn beyond_quota(&self) -> bool {
+        matches!(self, HydrationError::Space(SpaceError::NotEnough { need, budget, .. })
+            if *need > budget.quota)
+    }
+}
+
 /// Why the cache cannot make room.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum SpaceError {

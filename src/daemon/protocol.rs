@@ -112,6 +112,14 @@ pub(crate) struct DatasetStatus {
     /// The share of the dataset this node holds (`INDEX/COUNT`), when the catalog gives one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<String>,
+    /// Large objects come through the node's Dragonfly peers (`p2p = true`): the store
+    /// serves about one copy however many nodes hydrate it at once.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub p2p: bool,
+    /// `failed` because the dataset needs more than the cache's quota: evicting every other
+    /// snapshot would not make room, so asking again cannot help.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub beyond_quota: bool,
 }
 
 impl DatasetStatus {

@@ -323,6 +323,8 @@ impl Registry {
             partial_path: None,
             lazy: false,
             shard: None,
+            p2p: false,
+            beyond_quota: false,
         };
         let Some(entry) = self.datasets.get(name) else {
             return status;
@@ -352,6 +354,7 @@ impl Registry {
         } else if let Some(reason) = &entry.failure {
             status.state = State::Failed;
             status.reason = Some(reason.to_string());
+            status.beyond_quota = reason.beyond_quota();
         }
         status
     }
