@@ -5,7 +5,9 @@
 # - against the Kubernetes schemas with kubernetes-validate (PyPI, installed when missing),
 #   strictly: unknown fields are errors, and so is a kind without a bundled schema, except the
 #   ServiceMonitor (a Prometheus Operator custom resource), which is checked here against the
-#   Service it selects instead;
+#   Service it selects instead, and Kueue's kinds (kueue.x-k8s.io), which the cluster test
+#   applies to a cluster with Kueue's own CRDs (tests/cluster/test.sh) and which are checked
+#   here against the controller that serves them;
 # - every namespace an object names is created by a Namespace object of the same render (or is
 #   default or kube-system), and every namespaced object names one: each tree applies on its
 #   own to a fresh cluster;
@@ -50,7 +52,8 @@ import os, sys, yaml
 for path in sys.argv[2:]:
     docs = [d for d in yaml.safe_load_all(open(path)) if d]
     with open(os.path.join(sys.argv[1], os.path.basename(path)), "w") as out:
-        yaml.safe_dump_all([d for d in docs if d["kind"] != "ServiceMonitor"], out)
+        yaml.safe_dump_all([d for d in docs if d["kind"] != "ServiceMonitor"
+                            and not d["apiVersion"].startswith("kueue.x-k8s.io/")], out)
 PY
 # Applied with `kubectl apply -f` beside a render (overlays/p2p's comment says when).
 cp overlays/p2p/dragonfly-networkpolicy.yaml "$rendered/schema/"
@@ -60,7 +63,7 @@ report=$(kubernetes-validate --strict --quiet -k "$KUBERNETES_VERSION" "$rendere
 }
 if grep -q "Couldn't find schema" <<<"$report"; then
   echo "$report" >&2
-  echo "k8s/validate.sh: a kind above has no bundled schema; only ServiceMonitor may skip the schema check" >&2
+  echo "k8s/validate.sh: a kind above has no bundled schema; only ServiceMonitor and Kueue's kinds may skip the schema check" >&2
   exit 1
 fi
 [ -z "$report" ] || echo "$report"
@@ -81,7 +84,8 @@ WELL_KNOWN_NAMESPACES = {"default", "kube-system"}
 CLUSTER_SCOPED = {"Namespace", "CSIDriver", "ClusterRole", "ClusterRoleBinding", "StorageClass",
                   "PriorityClass", "CustomResourceDefinition", "RuntimeClass",
                   "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration",
-                  "PersistentVolume", "VolumeSnapshotClass"}
+                  "PersistentVolume", "VolumeSnapshotClass", "AdmissionCheck", "ClusterQueue",
+                  "ResourceFlavor", "Topology"}
 ALLOWED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
                    "persistentVolumeClaim", "projected", "secret"}
 CACHE_PATHS = ("/run/hydrator", "/var/cache/hydrator")
@@ -108,7 +112,8 @@ def containers(pod):
     return pod.get("initContainers", []) + pod.get("containers", [])
 
 for required in (".", "examples/init-container", "examples/warm-job", "examples/csi-job",
-                 "overlays/io-uring", "overlays/prometheus", "overlays/p2p"):
+                 "overlays/io-uring", "overlays/prometheus", "overlays/p2p", "overlays/kueue",
+                 "examples/kueue-job"):
     if required not in renders:
         problem(required, "no kustomization.yaml: this tree is expected")
 
@@ -151,6 +156,29 @@ for tree, docs in renders.items():
         for endpoint in doc.get("spec", {}).get("endpoints", []):
             if endpoint.get("port") not in ports:
                 problem(tree, f"{ident(doc)}: port {endpoint.get('port')} is not a port of the Service")
+    # Kueue: every AdmissionCheck of hydrator's controller name is served by a controller of
+    # the same render, and every ClusterQueue names only checks the render or the Kueue
+    # overlay defines.
+    controllers = set()
+    for doc in docs:
+        pod = pod_spec(doc)
+        for c in containers(pod) if pod else []:
+            args = c.get("args", [])
+            if args[:1] == ["admission"]:
+                named = [a.split("=", 1)[1] for a in args if a.startswith("--controller-name=")]
+                controllers.add(named[0] if named else "hydrator.dev/prewarm")
+    for doc in docs:
+        if doc["kind"] == "AdmissionCheck":
+            name = doc["spec"].get("controllerName")
+            if name.startswith("hydrator.dev/") and name not in controllers:
+                problem(tree, f"{ident(doc)}: no `hydrator admission` of this render serves controllerName {name}")
+    checks = {d["metadata"]["name"] for r in renders.values() for d in r if d["kind"] == "AdmissionCheck"}
+    for doc in docs:
+        if doc["kind"] == "ClusterQueue":
+            named = doc["spec"].get("admissionChecksStrategy", {}).get("admissionChecks", [])
+            for check in named:
+                if check["name"] not in checks:
+                    problem(tree, f"{ident(doc)} names AdmissionCheck {check['name']}, which no tree defines")
     # Images: every tree that is applied sets hydrator's image (node-cache/ is the base the
     # others share, not applied on its own).
     if tree != "node-cache":

@@ -1041,7 +1041,7 @@ mod tests {
     #[test]
     fn the_catalog_shipped_in_k8s_is_valid() {
         let tokens = tempfile::tempdir().unwrap();
-        for name in ["token", "csi"] {
+        for name in ["token", "csi", "admission"] {
             std::fs::write(
                 tokens.path().join(name),
                 format!("{name}-of-24-characters-x"),

@@ -132,7 +132,8 @@ kube -n hydrator-system create secret generic hydrator-s3-credentials \
     --from-literal=access-key="$MINIO_ROOT_USER" --from-literal=secret-key="$MINIO_ROOT_PASSWORD" >/dev/null
 kube -n hydrator-system create secret generic hydrator-api-token \
     --from-literal=token="$(head -c 24 /dev/urandom | base64)" \
-    --from-literal=csi="$(head -c 24 /dev/urandom | base64)" >/dev/null
+    --from-literal=csi="$(head -c 24 /dev/urandom | base64)" \
+    --from-literal=admission="$(head -c 24 /dev/urandom | base64)" >/dev/null
 applied_at=$SECONDS
 kube apply -k "$here/overlays/node-cache" >/dev/null
 kube -n hydrator-system rollout status ds/hydrator --timeout=180s >/dev/null \
