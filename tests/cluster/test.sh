@@ -15,7 +15,9 @@
 #  6. every example under k8s/examples/ runs to completion (tests/cluster/overlays/EXAMPLE),
 #     its trainer's hashes equal to MinIO's, init-container and csi-job in namespaces that
 #     enforce the Restricted Pod Security level; csi-job again with `start: lazy` on a dataset
-#     still hydrating, its trainer starting on .hydrator/LAZY.
+#     still hydrating, its trainer starting on .hydrator/LAZY;
+#  7. where Kueue is installed (tests/install-kueue.sh), its admission check served by
+#     `hydrator admission` (kueue-test.sh).
 # It builds hydrator's image (container/build.sh), brings the cluster up and down (unless
 # HYDRATOR_CLUSTER_KEEP=1, which leaves it up), and prints the figures: the cluster's start
 # time, and the time from `kubectl apply` to a pod reading its dataset.
@@ -23,6 +25,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 source "$here/lib.sh"
+source "$here/kueue-test.sh"
 minio_bin="$CACHE/minio/bin"
 
 if ! installed; then
@@ -329,5 +332,9 @@ example csi-job-lazy ml-restricted train-imagenet-csi restricted openimages
 # Its pods mount the daemon's socket and the cache by hostPath, which only a privileged
 # namespace admits (examples/warm-job/namespace.yaml says so).
 example warm-job ml-node-cache train-imagenet-cached privileged
+
+# 7. Kueue (built from source where tests/install-kueue.sh installed it) with hydrator's
+# admission check: kueue-test.sh says what it shows.
+kueue_tests
 
 echo "cluster figures: apply to a pod reading its dataset ${apply_to_reading} s; the examples above"
