@@ -645,6 +645,37 @@ mod tests {
     }
 
     #[test]
+    fn a_failure_for_want_of_space_says_whether_any_eviction_could_help() {
+        use crate::daemon::error::{HydrationError, SpaceError};
+        use crate::daemon::space::Budget;
+        let short = |need: u64| {
+            HydrationError::Space(SpaceError::NotEnough {
+                need,
+                budget: Budget {
+                    quota: 1000,
+                    free_space_floor: 0,
+                    used: 600,
+                    free: 10_000,
+                    reserved: 0,
+                },
+                deficit: need.saturating_sub(400),
+                evictable: 0,
+            })
+        };
+        let mut registry = Registry::default();
+        let entry = registry.datasets.entry("ds".into()).or_default();
+        entry.failure = Some(short(1500));
+        let status = registry.status(Path::new("/cache"), "ds");
+        assert_eq!(status.state, State::Failed);
+        assert!(status.beyond_quota, "1500 bytes never fit a quota of 1000");
+        registry.datasets.get_mut("ds").unwrap().failure = Some(short(900));
+        assert!(
+            !registry.status(Path::new("/cache"), "ds").beyond_quota,
+            "900 bytes fit once leased snapshots go"
+        );
+    }
+
+    #[test]
     fn a_quarter_of_a_datasets_leases_is_kept_for_admins_and_one_identity_holds_its_share() {
         let mut registry = registry_with_ready();
         let (tenant, other, plugin) = (Caller::uid(1000), Caller::uid(2000), Caller::uid(0));
