@@ -32,7 +32,7 @@ pub(crate) enum DaemonError {
 #[derive(Debug)]
 pub(crate) enum Warmed {
     /// Ready, hydrating or failed: the dataset's status.
-    Status(DatasetStatus),
+    Status(Box<DatasetStatus>),
     /// The daemon will not warm it for these pods (unknown dataset, access rules): the
     /// reason, final for this workload.
     Refused(String),
@@ -92,7 +92,7 @@ impl Daemons {
         match code {
             StatusCode::OK | StatusCode::ACCEPTED | StatusCode::INTERNAL_SERVER_ERROR => {
                 match serde_json::from_slice::<DatasetStatus>(&body) {
-                    Ok(status) => Ok(Warmed::Status(status)),
+                    Ok(status) => Ok(Warmed::Status(Box::new(status))),
                     Err(_) => Err(refused(address, code, &body)),
                 }
             }
