@@ -39,8 +39,8 @@ use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 
-use self::daemons::{Daemons, Warmed};
-use self::decide::{Budget, Holding, Plan, Progress, Target, Verdict, World};
+use self::daemons::{Daemons, Holding, Warmed};
+use self::decide::{Budget, Plan, Progress, Target, Verdict, World};
 use self::kueue::{AdmissionCheck, AdmissionCheckState, ResourceFlavor, Workload};
 use crate::cli::AdmissionArgs;
 use crate::daemon::protocol::{DatasetStatus, PodIdentity, State};

@@ -4,6 +4,7 @@
 //! Every call ends within [`CALL_LIMIT`]: a node whose daemon stalls slows no other node, and
 //! counts as unreachable for that round.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use hyper::{Method, StatusCode};
@@ -12,6 +13,14 @@ use crate::daemon::protocol::{DatasetStatus, PodIdentity, WarmRequest};
 use crate::daemon_client::{explain, percent_encode, CallError, Client};
 
 const CALL_LIMIT: Duration = Duration::from_secs(5);
+
+/// What one node's daemon said this round.
+#[derive(Clone, Debug)]
+pub(crate) enum Holding {
+    Unreachable(String),
+    /// Every catalog dataset's status, by name.
+    Serving(BTreeMap<String, DatasetStatus>),
+}
 
 /// Why a daemon gave no usable answer.
 #[derive(Debug, thiserror::Error)]

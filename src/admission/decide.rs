@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use super::daemons::Holding;
 use super::kueue::{state, PodSetUpdate, ResourceFlavorSpec, Workload};
 use super::labels::warm_label;
 use super::nodes::{NodeView, Placement};
@@ -16,13 +17,6 @@ use super::topology;
 use super::wants;
 use crate::daemon::protocol::{DatasetStatus, State};
 use crate::units::human_bytes;
-
-/// What one node's daemon said this round.
-#[derive(Clone, Debug)]
-pub(crate) enum Holding {
-    Unreachable(String),
-    Serving(BTreeMap<String, DatasetStatus>),
-}
 
 /// The cluster as seen this round.
 pub(crate) struct World<'a> {

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
-use super::decide::Holding;
+use super::daemons::Holding;
 use crate::daemon::protocol::State;
 
 pub(crate) const LABEL_PREFIX: &str = "warm.hydrator.dev/";
