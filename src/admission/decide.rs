@@ -472,30 +472,16 @@ mod tests {
     use serde_json::json;
 
     fn status(name: &str, state: State) -> DatasetStatus {
-        DatasetStatus {
-            name: name.into(),
-            state,
-            snapshot: (state == State::Ready).then(|| "0123456789abcdef".into()),
-            path: None,
-            objects: None,
-            bytes: None,
-            progress: (state == State::Hydrating).then(|| Figures {
-                bytes_done: 25,
-                bytes_total: 100,
-                ..Default::default()
-            }),
-            reason: None,
-            stale: false,
-            last_error: None,
-            held_snapshot: None,
-            held_path: None,
-            refreshed_at: None,
-            partial_path: None,
-            lazy: false,
-            shard: None,
-            p2p: false,
-            beyond_quota: false,
-        }
+        let mut status: DatasetStatus =
+            serde_json::from_value(json!({"name": name, "state": "absent"})).unwrap();
+        status.state = state;
+        status.snapshot = (state == State::Ready).then(|| "0123456789abcdef".into());
+        status.progress = (state == State::Hydrating).then(|| Figures {
+            bytes_done: 25,
+            bytes_total: 100,
+            ..Default::default()
+        });
+        status
     }
 
     struct Cluster {

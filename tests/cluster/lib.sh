@@ -20,11 +20,17 @@ MINIO_PORT=19000
 PAUSE_IMAGE=localhost/pause:3.10
 TRAINER_IMAGE=localhost/trainer:busybox
 HYDRATOR_IMAGE=localhost/hydrator:cluster
+# Kueue, built from source by tests/install-kueue.sh; tests/cluster/kueue.sh starts it.
+KUEUE_VERSION=v0.17.0
+KUEUE_DIR="$CACHE/kueue-$KUEUE_VERSION"
+KUEUE_IMAGE=localhost/kueue:$KUEUE_VERSION
 
 kube() { "$BIN/kubectl" --kubeconfig "$STATE/admin.kubeconfig" "$@"; }
 
 installed() { [[ -x "$BIN/kubelet" && -x "$BIN/etcd" && -x "$BIN/kubectl" && -x "$BIN/kube-apiserver" ]] \
     && command -v containerd >/dev/null && [[ -f "$IMAGES/pause.tar" && -f "$IMAGES/trainer.tar" ]]; }
+
+kueue_installed() { [[ -x "$KUEUE_DIR/bin/kueue" && -f "$KUEUE_DIR/kueue.tar" && -f "$KUEUE_DIR/manifests.yaml" ]]; }
 
 # The host's own address (what the kubelet registers as the node's InternalIP).
 host_ip() { ip -4 -o route get 1.1.1.1 2>/dev/null | sed -n 's/.* src \([0-9.]*\).*/\1/p'; }

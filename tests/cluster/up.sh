@@ -7,7 +7,8 @@
 #
 # A test rig, not a production control plane: static tokens, the kubelet's API open to the
 # API server without client certificates, no kube-proxy and no cluster DNS (pods reach the
-# host's MinIO at the bridge's gateway), no CNI network policy.
+# host's MinIO at the bridge's gateway; the API server sends webhooks and aggregated APIs, as
+# Kueue's, to their Services' endpoints), no CNI network policy.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/lib.sh"
@@ -32,6 +33,15 @@ openssl x509 -req -in "$pki/apiserver.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key
     -days 2 -extfile "$pki/san.ext" -out "$pki/apiserver.crt" 2>/dev/null
 openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
 openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
+# The aggregation layer's client certificate and its CA, which aggregated API servers (Kueue's
+# visibility API) trust through kube-system/extension-apiserver-authentication.
+openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=hydrator-front-proxy-ca" \
+    -keyout "$pki/front-proxy-ca.key" -out "$pki/front-proxy-ca.crt" 2>/dev/null
+openssl req -newkey rsa:2048 -nodes -subj "/CN=front-proxy-client" -keyout "$pki/front-proxy.key" \
+    -out "$pki/front-proxy.csr" 2>/dev/null
+printf 'extendedKeyUsage=clientAuth\n' >"$pki/front-proxy.ext"
+openssl x509 -req -in "$pki/front-proxy.csr" -CA "$pki/front-proxy-ca.crt" -CAkey "$pki/front-proxy-ca.key" \
+    -CAcreateserial -days 2 -extfile "$pki/front-proxy.ext" -out "$pki/front-proxy.crt" 2>/dev/null
 admin_token=$(head -c 18 /dev/urandom | base64 | tr -d '/+=')
 node_token=$(head -c 18 /dev/urandom | base64 | tr -d '/+=')
 cat >"$pki/tokens.csv" <<TOKENS
@@ -75,6 +85,11 @@ launch kube-apiserver "$BIN/kube-apiserver" --etcd-servers "http://127.0.0.1:$ET
     --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
     --allow-privileged=true --service-cluster-ip-range 10.96.0.0/16 \
     --kubelet-preferred-address-types InternalIP \
+    --enable-aggregator-routing=true \
+    --requestheader-client-ca-file "$pki/front-proxy-ca.crt" --requestheader-allowed-names front-proxy-client \
+    --requestheader-username-headers X-Remote-User --requestheader-group-headers X-Remote-Group \
+    --requestheader-extra-headers-prefix X-Remote-Extra- \
+    --proxy-client-cert-file "$pki/front-proxy.crt" --proxy-client-key-file "$pki/front-proxy.key" \
     --service-account-issuer https://kubernetes.default.svc \
     --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key"
 wait_for "the API server" 120 kube get --raw /readyz
