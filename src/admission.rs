@@ -408,15 +408,10 @@ impl Controller {
                 _ => Some(Time(Timestamp::now())),
             },
             message: truncate(&verdict.message, 32_000),
-            requeue_after_seconds: verdict
-                .requeue_after
-                .map(|d| d.as_secs().min(i32::MAX as u64) as i32),
             pod_set_updates: verdict.pod_set_updates,
         };
         let same = current.is_some_and(|c| {
-            c.message == entry.message
-                && c.pod_set_updates == entry.pod_set_updates
-                && c.requeue_after_seconds == entry.requeue_after_seconds
+            c.message == entry.message && c.pod_set_updates == entry.pod_set_updates
         });
         let key = format!("{}/{check}", workload.key());
         let recently = (self.written.get(&key)).is_some_and(|at| at.elapsed() < PROGRESS_EVERY);

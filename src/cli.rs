@@ -268,8 +268,7 @@ pub struct AdmissionArgs {
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
     pub warm_budget: u32,
     /// How long a workload may hold its reserved quota while its datasets warm, in seconds:
-    /// a warm-up expected to end later gives the quota back (Retry) and asks to be requeued
-    /// when it should be done.
+    /// then it gives the quota back to the queue (Retry) while its nodes hydrate on.
     #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
     pub hold_seconds: u64,
     /// Seconds between rounds (each asks every node's daemon what it holds); a change to a

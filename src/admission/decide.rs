@@ -53,7 +53,6 @@ pub(crate) struct Verdict {
     pub state: &'static str,
     pub message: String,
     pub pod_set_updates: Vec<PodSetUpdate>,
-    pub requeue_after: Option<Duration>,
 }
 
 impl Verdict {
@@ -62,7 +61,6 @@ impl Verdict {
             state: state::PENDING,
             message,
             pod_set_updates: Vec::new(),
-            requeue_after: None,
         }
     }
 
@@ -350,8 +348,14 @@ pub(crate) fn progress(status: &DatasetStatus, eta: Option<Duration>) -> Progres
 }
 
 /// The answer once the targets' progress is known. `held` is how long the workload has held
-/// its quota; past `hold`, or when its warm-up is expected to end past `hold`, it gives the
-/// quota back (Retry) and asks to be requeued once the warm-up should be done.
+/// its quota; past `hold` it gives the quota back (Retry, without `requeueAfterSeconds`).
+///
+/// Kueue (v0.17) keeps a workload's reservation until a Retry's `requeueAfterSeconds` has
+/// passed, and only then evicts it; a Retry without it is evicted at once and requeued behind
+/// the workloads already waiting (by its eviction time). So the quota goes back only without
+/// a delay; the nodes hydrate on, and the workload finds them warm, or nearer, when Kueue
+/// reserves for it again. Each reservation holds for `hold` at most, so a workload alone in
+/// its queue is evicted once per `hold`, not once per round.
 pub(crate) fn conclude(
     plan: &Plan,
     progress: &BTreeMap<Target, Progress>,
@@ -366,8 +370,6 @@ pub(crate) fn conclude(
     let mut ready = Vec::new();
     let mut waiting = Vec::new();
     let mut queued = Vec::new();
-    let mut eta = Duration::ZERO;
-    let mut eta_known = true;
     for target in &plan.targets {
         match progress.get(target) {
             Some(Progress::Ready { snapshot }) => {
@@ -393,27 +395,16 @@ pub(crate) fn conclude(
                     total => done.saturating_mul(100) / total,
                 };
                 let mut words = format!("{} {percent}% of {}", at(target), human_bytes(*total));
-                match remaining {
-                    Some(remaining) => {
-                        eta = eta.max(*remaining);
-                        words += &format!(", about {} s to go", remaining.as_secs());
-                    }
-                    None => eta_known = false,
+                if let Some(remaining) = remaining {
+                    words += &format!(", about {} s to go", remaining.as_secs());
                 }
                 waiting.push(words);
             }
-            Some(Progress::Queued) | None => {
-                eta_known = false;
-                queued.push(at(target));
-            }
+            Some(Progress::Queued) | None => queued.push(at(target)),
             Some(Progress::Failed(why)) => {
-                eta_known = false;
                 waiting.push(format!("{} failed, asked again: {why}", at(target)));
             }
-            Some(Progress::Unreachable(why)) => {
-                eta_known = false;
-                waiting.push(format!("{}: {why}", at(target)));
-            }
+            Some(Progress::Unreachable(why)) => waiting.push(format!("{}: {why}", at(target))),
         }
     }
     if waiting.is_empty() && queued.is_empty() {
@@ -421,7 +412,6 @@ pub(crate) fn conclude(
             state: state::READY,
             message: format!("warm: {}", ready.join(", ")),
             pod_set_updates: plan.selectors.clone(),
-            requeue_after: None,
         };
     }
     let mut parts = Vec::new();
@@ -440,30 +430,18 @@ pub(crate) fn conclude(
         parts.push(format!("warm: {}", ready.join(", ")));
     }
     let message = parts.join("; ");
-    let past_hold = held >= hold || (eta_known && held + eta > hold);
-    if !past_hold {
+    if held < hold {
         return Verdict::pending(message);
     }
-    let requeue_after = match eta_known {
-        true => eta.clamp(MIN_REQUEUE, MAX_REQUEUE),
-        false => UNKNOWN_REQUEUE,
-    };
     Verdict {
         state: state::RETRY,
         message: format!(
-            "the warm-up outlasts the {} s a workload may hold its quota; requeued in {} s: {message}",
-            hold.as_secs(),
-            requeue_after.as_secs()
+            "not warm within the {} s a workload may hold its quota: the quota goes back to the queue, and the warm-up goes on: {message}",
+            hold.as_secs()
         ),
         pod_set_updates: Vec::new(),
-        requeue_after: Some(requeue_after),
     }
 }
-
-const MIN_REQUEUE: Duration = Duration::from_secs(10);
-const MAX_REQUEUE: Duration = Duration::from_secs(3600);
-/// The requeue when the warm-up's end cannot be estimated (queued, failed, not yet listed).
-const UNKNOWN_REQUEUE: Duration = Duration::from_secs(60);
 
 #[cfg(test)]
 mod tests {
@@ -654,41 +632,40 @@ mod tests {
     }
 
     #[test]
-    fn a_warm_up_expected_to_outlast_the_hold_gives_the_quota_back_until_it_should_be_done() {
+    fn a_warm_up_not_done_within_the_hold_gives_the_quota_back_without_a_delay() {
         let plan = planned(&["gpu-1"]);
-        let hydrating = |eta| Progress::Hydrating {
+        let hydrating = Progress::Hydrating {
             done: 10,
             total: 100,
-            eta,
+            eta: Some(Duration::from_secs(1200)),
         };
-        let soon = [(target("gpu-1"), hydrating(Some(Duration::from_secs(60))))].into();
-        let verdict = conclude(
-            &plan,
-            &soon,
-            Duration::from_secs(30),
-            HOLD,
-            &Budget::default(),
-        );
-        assert_eq!(verdict.state, state::PENDING);
+        let progress = [(target("gpu-1"), hydrating)].into();
+        let held = |secs| {
+            conclude(
+                &plan,
+                &progress,
+                Duration::from_secs(secs),
+                HOLD,
+                &Budget::default(),
+            )
+        };
+        let within = held(599);
+        assert_eq!(within.state, state::PENDING);
         assert!(
-            verdict.message.contains("imagenet on gpu-1 10%"),
+            within
+                .message
+                .contains("imagenet on gpu-1 10% of 100 B, about 1200 s to go"),
             "{}",
-            verdict.message
+            within.message
         );
-        let late = [(target("gpu-1"), hydrating(Some(Duration::from_secs(1200))))].into();
-        let verdict = conclude(
-            &plan,
-            &late,
-            Duration::from_secs(30),
-            HOLD,
-            &Budget::default(),
+        let past = held(600);
+        assert_eq!(past.state, state::RETRY);
+        assert!(
+            past.message.contains("not warm within the 600 s"),
+            "{}",
+            past.message
         );
-        assert_eq!(verdict.state, state::RETRY);
-        assert_eq!(verdict.requeue_after, Some(Duration::from_secs(1200)));
-        let unknown = [(target("gpu-1"), hydrating(None))].into();
-        let verdict = conclude(&plan, &unknown, HOLD, HOLD, &Budget::default());
-        assert_eq!(verdict.state, state::RETRY);
-        assert_eq!(verdict.requeue_after, Some(UNKNOWN_REQUEUE));
+        assert!(past.pod_set_updates.is_empty());
     }
 
     #[test]

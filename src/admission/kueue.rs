@@ -151,8 +151,6 @@ pub(crate) struct AdmissionCheckState {
     pub last_transition_time: Option<Time>,
     #[serde(default)]
     pub message: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub requeue_after_seconds: Option<i32>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pod_set_updates: Vec<PodSetUpdate>,
 }
@@ -374,7 +372,10 @@ mod tests {
             entry["podSetUpdates"][0]["nodeSelector"]["warm.hydrator.dev/imagenet"],
             "ready"
         );
-        assert!(entry.get("requeueAfterSeconds").is_none());
+        assert!(
+            entry.get("requeueAfterSeconds").is_none(),
+            "a Retry is never delayed"
+        );
         assert_eq!(patch["status"].as_object().unwrap().len(), 1);
     }
 }

@@ -12,9 +12,8 @@
 #  2. the example as shipped, on a dataset already warm: admitted at once, READY at start;
 #  3. two jobs on cold datasets at once: each stays suspended (no pod) until its check is Ready,
 #     then starts with READY already there and reads its dataset byte for byte; the budget lets
-#     one node fetch at a time (the second waits, saying so); the second, whose warm-up outlasts
-#     the hold, gives its quota back (Retry with requeueAfterSeconds) and is admitted when
-#     requeued;
+#     one node fetch at a time (the second waits, saying so); the second, not warm within the
+#     hold, gives its quota back (Retry) and is admitted once Kueue reserves for it again;
 #  4. a second job on a warm dataset is admitted at once;
 #  5. a job naming a dataset no catalog has is Rejected with the reason;
 #  6. nodes say what they hold (warm.hydrator.dev/ labels, hydrator.dev/snapshots); Nodes added
@@ -24,29 +23,10 @@
 #  8. kueue_admission_checks_wait_time_seconds carries the warm-ups.
 # Prints the time from each Job's creation to its pod running, warm and cold.
 
+# Kueue's test Configuration (kueue.sh) with waitForPodsReady's timeout at 20 s: shorter than a
+# cold warm-up here, so a job that waited for its data after admission would be evicted.
 kueue_configuration_file() {
-    cat <<'YAML'
-apiVersion: config.kueue.x-k8s.io/v1beta2
-kind: Configuration
-health:
-  healthProbeBindAddress: :8081
-metrics:
-  bindAddress: :8443
-webhook:
-  port: 9443
-leaderElection:
-  leaderElect: true
-  resourceName: c1f6bfd2.kueue.x-k8s.io
-clientConnection:
-  qps: 50
-  burst: 100
-waitForPodsReady:
-  timeout: 20s
-  blockAdmission: false
-integrations:
-  frameworks:
-    - batch/job
-YAML
+    kueue_configuration | sed 's/^  timeout: .*/  timeout: 20s/'
 }
 
 queued_job() { # name dataset queue
@@ -137,7 +117,8 @@ kueue_tests() {
         (cd "$work/seed/$dataset" && find . -type f | sort | xargs sha256sum) >"$work/$dataset.sha"
     done
 
-    KUEUE_CONFIGURATION=<(kueue_configuration_file) kueue_up
+    kueue_configuration_file >"$work/kueue-configuration.yaml"
+    KUEUE_CONFIGURATION="$work/kueue-configuration.yaml" kueue_up
     # Four stand-in GPUs on the node (Kubernetes' "advertise extended resources for a node").
     kube patch node "$NODE" --subresource=status --type=json \
         -p '[{"op": "add", "path": "/status/capacity/nvidia.com~1gpu", "value": "4"}]' >/dev/null
@@ -215,7 +196,7 @@ YAML
     local retries
     retries=$(check_field train-laion retryCount)
     ((${retries:-0} >= 1)) || fail "kueue: train-laion's warm-up outlasted the hold but its check never said Retry"
-    ok "kueue: cold jobs: suspended with no pod until Ready, then READY at start and byte for byte; kinetics running $cold_kinetics s after creation, laion (waited for the budget of 1, then Retry past the 45 s hold, requeued) $cold_laion s; at most $most hydration at a time"
+    ok "kueue: cold jobs: suspended with no pod until Ready, then READY at start and byte for byte; kinetics running $cold_kinetics s after creation, laion (waited for the budget of 1, Retry at the 45 s hold, reserved again) $cold_laion s; at most $most hydration at a time"
 
     # 4. A second job on a warm dataset.
     local again_created=$SECONDS
