@@ -20,7 +20,9 @@
 #     as API objects, with the flavor's labels but no daemon, are never chosen;
 #  7. no job through the check is evicted by waitForPodsReady, while a job on a cold dataset in
 #     a ClusterQueue without the check is (the control: the timeout bites);
-#  8. kueue_admission_checks_wait_time_seconds carries the warm-ups.
+#  8. with Topology-Aware Scheduling (a Topology of hostnames), the check warms exactly the node
+#     Kueue assigned and adds no node selector;
+#  9. kueue_admission_checks_wait_time_seconds carries the warm-ups.
 # Prints the time from each Job's creation to its pod running, warm and cold.
 
 # Kueue's test Configuration (kueue.sh) with waitForPodsReady's timeout at 20 s: shorter than a
@@ -29,7 +31,7 @@ kueue_configuration_file() {
     kueue_configuration | sed 's/^  timeout: .*/  timeout: 20s/'
 }
 
-queued_job() { # name dataset queue
+queued_job() { # name dataset queue [pod template annotations, as a YAML flow map]
     kube -n ml-queued apply -f - >/dev/null <<YAML
 apiVersion: batch/v1
 kind: Job
@@ -40,6 +42,7 @@ spec:
   suspend: true
   backoffLimit: 0
   template:
+    metadata: {annotations: ${4:-{\}}}
     spec:
       restartPolicy: Never
       nodeSelector: {hydrator.dev/cache: "true"}
@@ -107,7 +110,7 @@ kueue_tests() {
     fi
     source "$here/kueue.sh"
     local part_started=$SECONDS dataset size i
-    for dataset in kinetics:8 laion:12 ade20k:8; do
+    for dataset in kinetics:8 laion:12 ade20k:8 mapillary:4; do
         size=${dataset#*:} dataset=${dataset%:*}
         mkdir -p "$work/seed/$dataset"
         for i in $(seq 1 "$size"); do
@@ -264,7 +267,59 @@ YAML
         || fail "kueue: the control job (no check, a cold dataset) was not evicted by waitForPodsReady: the test cannot tell"
     ok "kueue: no job through the check was evicted by waitForPodsReady (20 s); the control without the check on a cold dataset was"
 
-    # 8. Kueue's own measure of the warm-ups.
+    # 8. With Topology-Aware Scheduling: Kueue names the node before the check runs, and the
+    # check warms exactly that node, adding no node selector.
+    kube apply -f - >/dev/null <<YAML
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: Topology
+metadata: {name: hosts}
+spec:
+  levels: [{nodeLabel: kubernetes.io/hostname}]
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata: {name: tas-hosts}
+spec:
+  nodeLabels: {hydrator.dev/cache: "true"}
+  topologyName: hosts
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata: {name: tas}
+spec:
+  namespaceSelector: {}
+  resourceGroups:
+    - coveredResources: ["cpu", "memory", "nvidia.com/gpu"]
+      flavors:
+        - name: tas-hosts
+          resources:
+            - {name: "cpu", nominalQuota: 8}
+            - {name: "memory", nominalQuota: 16Gi}
+            - {name: "nvidia.com/gpu", nominalQuota: 4}
+  admissionChecksStrategy:
+    admissionChecks: [{name: hydrator-prewarm}]
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: LocalQueue
+metadata: {name: tas, namespace: ml-queued}
+spec: {clusterQueue: tas}
+YAML
+    wait_for "ClusterQueue tas active" 60 kube wait --for=condition=Active clusterqueue/tas --timeout=1s \
+        || fail "kueue: ClusterQueue tas is not active: $(kube get clusterqueue tas -o jsonpath='{.status.conditions}')"
+    queued_job train-tas mapillary tas '{kueue.x-k8s.io/podset-required-topology: kubernetes.io/hostname}'
+    kube -n ml-queued wait --for=condition=complete job/train-tas --timeout=180s >/dev/null \
+        || fail "kueue: the TAS job did not complete: $(check_state train-tas): $(check_field train-tas message)"
+    check_job_read train-tas mapillary
+    local assigned
+    assigned=$(kube -n ml-queued get workload "$(workload_of train-tas)" \
+        -o jsonpath='{.status.admission.podSetAssignments[0].topologyAssignment}')
+    [[ $assigned == *"$NODE"* ]] || fail "kueue: the TAS job's workload has no topology assignment to $NODE: $assigned"
+    [[ $(check_field train-tas message) == *"mapillary on $NODE"* ]] \
+        || fail "kueue: the TAS job was not warmed on its assigned node: $(check_field train-tas message)"
+    [[ -z $(check_field train-tas podSetUpdates) ]] || fail "kueue: the TAS job got a node selector: $(check_field train-tas podSetUpdates)"
+    ok "kueue: with TAS, the check warmed the assigned node ($assigned), added no selector; READY at start, mapillary byte for byte, running $(started_after train-tas) s after creation"
+
+    # 9. Kueue's own measure of the warm-ups.
     local metrics count sum
     metrics=$(kueue_metrics) || fail "kueue: no metrics"
     count=$(awk '/^kueue_admission_checks_wait_time_seconds_count\{.*cluster_queue="research"/ {print $2}' <<<"$metrics")
