@@ -111,7 +111,7 @@ check_job_read() { # job dataset
 
 kueue_tests() {
     if ! kueue_installed; then
-        echo "SKIP kueue: not installed (bash tests/install-kueue.sh, ~7 min)"
+        echo "SKIP kueue: not installed (bash tests/install-kueue.sh, 5 min)"
         return 0
     fi
     source "$here/kueue.sh"
@@ -262,9 +262,9 @@ spec:
       flavors:
         - name: h100-sxm
           resources:
-            - {name: "nvidia.com/gpu", nominalQuota: 4}
             - {name: "cpu", nominalQuota: 8}
             - {name: "memory", nominalQuota: 16Gi}
+            - {name: "nvidia.com/gpu", nominalQuota: 4}
 ---
 apiVersion: kueue.x-k8s.io/v1beta2
 kind: LocalQueue
