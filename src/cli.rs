@@ -252,7 +252,7 @@ pub struct AdmissionArgs {
     pub controller_name: String,
     /// The bearer token the node daemons know this controller by (a `listen.tokens` entry of
     /// their catalog).
-    #[arg(long, env = "HYDRATOR_TOKEN_FILE")]
+    #[arg(long, env = "HYDRATOR_TOKEN_FILE", hide_env_values = true)]
     pub token_file: PathBuf,
     /// The namespace of the node cache's DaemonSet.
     #[arg(long, default_value = "hydrator-system")]

@@ -136,7 +136,7 @@ fn exit_status(command: &str) -> &'static [(u8, &'static str)] {
         "verify" => VERIFY,
         "warm" => WARM,
         "lease" => LEASE,
-        "daemon" | "csi" => SERVER,
+        "daemon" | "csi" | "admission" => SERVER,
         "csi-keeper" => KEEPER,
         "snapshot" => SNAPSHOT,
         "completions" | "man" => SIMPLE,
@@ -177,6 +177,9 @@ fn examples(command: &str) -> &'static [(&'static str, &'static str)] {
         ],
         "csi" => &[
             ("Run the CSI node plugin (as the DaemonSet does).", "hydrator csi --endpoint unix:///csi/csi.sock --node-id \"$NODE_NAME\""),
+        ],
+        "admission" => &[
+            ("Serve the Kueue AdmissionChecks of controllerName hydrator.dev/prewarm (as the Deployment hydrator-admission does), four nodes fetching from the store at once.", "hydrator admission --token-file /etc/hydrator/token/admission --warm-budget 4 --hold-seconds 600"),
         ],
         "csi-keeper" => &[
             ("Hold the lazy views' connections (as the DaemonSet hydrator-keeper does); the plugin then runs with --keeper-socket on the same path.", "hydrator csi-keeper --socket /run/hydrator-keeper/keeper.sock"),
