@@ -12,10 +12,10 @@ use crate::support::{assert_mirror, content, files, Server, MIB};
 
 const REQUIRE_ENV: &str = "HYDRATOR_REQUIRE_PODMAN";
 const IMAGE: &str = "localhost/hydrator:e2e";
-/// The image is the static binary and the CA bundle, nothing else: 20.2 MiB with the CSI keeper,
-/// the wanted parts' slots and leased snapshots in it. A new dependency that doubles it fails
-/// here.
-const MAX_IMAGE_BYTES: u64 = 22 << 20;
+/// The image is the static binary and the CA bundle, nothing else: 28.0 MiB, of which the
+/// Kubernetes client of `hydrator admission` (kube, k8s-openapi) is 7.8 (20.2 before it). A new
+/// dependency that doubles it fails here.
+const MAX_IMAGE_BYTES: u64 = 30 << 20;
 
 fn podman() -> Command {
     let mut command = Command::new("podman");
