@@ -30,6 +30,7 @@ minio_bin="$CACHE/minio/bin"
 
 if ! installed; then
     echo "SKIP cluster: not installed (bash tests/cluster/install.sh, ~25 min)"
+    echo "SKIP kueue: the cluster is not installed (then bash tests/install-kueue.sh, 5 min)"
     exit 0
 fi
 if [[ ! -x "$minio_bin/minio" || ! -x "$minio_bin/mc" ]]; then
