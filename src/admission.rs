@@ -22,7 +22,7 @@ mod nodes;
 mod topology;
 mod wants;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::Arc;
@@ -170,7 +170,8 @@ struct Controller {
     hold: Duration,
     /// When each hydrating target was first seen, and its bytes then: its pace, for an ETA.
     seen: HashMap<Target, (Instant, u64)>,
-    /// When each workload's check was last written (`namespace/name/check`).
+    /// When each waiting workload's check was last written (`namespace/name/check`); a
+    /// workload that no longer waits is forgotten.
     written: HashMap<String, Instant>,
 }
 
@@ -208,6 +209,10 @@ impl Controller {
         }
         // The oldest reservation first: it takes the warm-up budget first.
         waiting.sort_by_key(|(since, workload, _)| (*since, workload.key()));
+        let keys: HashSet<String> = (waiting.iter())
+            .map(|(_, workload, check)| written_key(workload, check))
+            .collect();
+        self.written.retain(|key, _| keys.contains(key));
         for (since, workload, check) in waiting {
             let held = Timestamp::now().as_second() - since.as_second();
             let held = Duration::from_secs(held.max(0) as u64);
@@ -303,10 +308,8 @@ impl Controller {
     /// Forgets the pace of targets no longer hydrating.
     fn forget_finished(&mut self, holdings: &BTreeMap<String, Holding>) {
         self.seen.retain(|target, _| {
-            let status = match holdings.get(&target.node) {
-                Some(Holding::Serving(datasets)) => datasets.get(&target.dataset),
-                _ => None,
-            };
+            let holding = holdings.get(&target.node).and_then(Holding::serving);
+            let status = holding.and_then(|datasets| datasets.get(&target.dataset));
             status.is_some_and(|s| s.state == State::Hydrating)
         });
     }
@@ -326,25 +329,14 @@ impl Controller {
         }
         let mut calls = Vec::new();
         for target in &plan.targets {
-            let held = match world.holdings.get(&target.node) {
-                Some(Holding::Serving(datasets)) => datasets
-                    .get(&target.dataset)
-                    .ok_or_else(|| format!("the catalog of {} does not name it", target.node)),
-                Some(Holding::Unreachable(why)) => Err(why.clone()),
-                None => Err(format!("no daemon on {}", target.node)),
-            };
-            let address = world.nodes[&target.node].daemon.clone();
-            let (status, address) = match (held, address) {
-                (Ok(status), Some(address)) => (status, address),
-                (Err(why), _) => {
-                    progress.insert(target.clone(), Progress::Unreachable(why));
+            let (status, address) = match (world.status(target), &world.nodes[&target.node].daemon)
+            {
+                (Ok(status), Some(address)) => (status, address.clone()),
+                (Err(nothing), _) => {
+                    progress.insert(target.clone(), nothing);
                     continue;
                 }
-                (Ok(_), None) => {
-                    let why = format!("no daemon on {}", target.node);
-                    progress.insert(target.clone(), Progress::Unreachable(why));
-                    continue;
-                }
+                (Ok(_), None) => unreachable!("a node has holdings only when its daemon answers"),
             };
             let starts_cold = matches!(status.state, State::Absent | State::Failed);
             if status.beyond_quota {
@@ -413,7 +405,7 @@ impl Controller {
         let same = current.is_some_and(|c| {
             c.message == entry.message && c.pod_set_updates == entry.pod_set_updates
         });
-        let key = format!("{}/{check}", workload.key());
+        let key = written_key(workload, check);
         let recently = (self.written.get(&key)).is_some_and(|at| at.elapsed() < PROGRESS_EVERY);
         if !state_changed && (same || recently) {
             return;
@@ -432,6 +424,11 @@ impl Controller {
             Err(e) => tracing::warn!("{e}"),
         }
     }
+}
+
+/// The key of [`Controller::written`].
+fn written_key(workload: &Workload, check: &str) -> String {
+    format!("{}/{check}", workload.key())
 }
 
 /// Who the pods of `workload` that mount `dataset` are, for the daemon's access rules: the

@@ -22,6 +22,16 @@ pub(crate) enum Holding {
     Serving(BTreeMap<String, DatasetStatus>),
 }
 
+impl Holding {
+    /// The datasets' statuses, when the daemon answered.
+    pub(crate) fn serving(&self) -> Option<&BTreeMap<String, DatasetStatus>> {
+        match self {
+            Holding::Serving(datasets) => Some(datasets),
+            Holding::Unreachable(_) => None,
+        }
+    }
+}
+
 /// Why a daemon gave no usable answer.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum DaemonError {

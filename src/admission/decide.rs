@@ -30,21 +30,41 @@ pub(crate) struct World<'a> {
 
 impl World<'_> {
     fn serving(&self, node: &str) -> Option<&BTreeMap<String, DatasetStatus>> {
-        match self.holdings.get(node)? {
-            Holding::Serving(datasets) => Some(datasets),
-            Holding::Unreachable(_) => None,
-        }
+        self.holdings.get(node)?.serving()
     }
 
     /// Whether some daemon's catalog names `dataset`; `None` when no daemon answered.
     fn known(&self, dataset: &str) -> Option<bool> {
-        let mut serving = self.holdings.values().filter_map(|h| match h {
-            Holding::Serving(datasets) => Some(datasets),
-            Holding::Unreachable(_) => None,
-        });
-        let first = serving.next()?;
-        Some(first.contains_key(dataset) || serving.any(|d| d.contains_key(dataset)))
+        let mut serving = self
+            .holdings
+            .values()
+            .filter_map(Holding::serving)
+            .peekable();
+        serving.peek()?;
+        Some(serving.any(|datasets| datasets.contains_key(dataset)))
     }
+
+    /// What `target`'s daemon said of its dataset this round, or why there is nothing to go on
+    /// (as the progress to report).
+    pub(crate) fn status(&self, target: &Target) -> Result<&DatasetStatus, Progress> {
+        let unreachable = |why: String| Progress::Unreachable(why);
+        match self.holdings.get(&target.node) {
+            Some(Holding::Serving(datasets)) => datasets.get(&target.dataset).ok_or_else(|| {
+                unreachable(format!("the catalog of {} does not name it", target.node))
+            }),
+            Some(Holding::Unreachable(why)) => Err(unreachable(why.clone())),
+            None => Err(unreachable(format!("no daemon on {}", target.node))),
+        }
+    }
+}
+
+/// Why the nodes of a pod set placed by Topology-Aware Scheduling cannot be warmed.
+#[derive(Debug, thiserror::Error)]
+enum Unplaced {
+    #[error("assigned node {0:?} is not in the cluster")]
+    UnknownNode(String),
+    #[error("assigned node {0} has no Ready hydrator daemon")]
+    NoDaemon(String),
 }
 
 /// The check's answer.
@@ -172,17 +192,14 @@ pub(crate) fn plan(workload: &Workload, world: &World) -> Plan {
 }
 
 /// The nodes whose `kubernetes.io/hostname` a topology assignment names.
-fn assigned_nodes(hostnames: &[String], world: &World) -> Result<Vec<String>, String> {
+fn assigned_nodes(hostnames: &[String], world: &World) -> Result<Vec<String>, Unplaced> {
     let mut nodes = Vec::new();
     for hostname in hostnames {
         let node = (world.nodes.values()).find(|n| n.hostname() == hostname);
         match node {
-            None => return Err(format!("assigned node {hostname:?} is not in the cluster")),
+            None => return Err(Unplaced::UnknownNode(hostname.clone())),
             Some(node) if !world.holdings.contains_key(&node.name) => {
-                return Err(format!(
-                    "assigned node {} has no Ready hydrator daemon",
-                    node.name
-                ))
+                return Err(Unplaced::NoDaemon(node.name.clone()))
             }
             Some(node) => nodes.push(node.name.clone()),
         }
@@ -265,7 +282,7 @@ impl Budget {
             ..Default::default()
         };
         for (node, holding) in holdings {
-            let Holding::Serving(datasets) = holding else {
+            let Some(datasets) = holding.serving() else {
                 continue;
             };
             for status in datasets.values().filter(|s| s.state == State::Hydrating) {

@@ -42,11 +42,10 @@ pub(crate) struct Warmth {
 /// What a node with `holding` should say; `None` to leave it as it is (its daemon did not
 /// answer this round).
 pub(crate) fn warmth(holding: Option<&Holding>) -> Option<Warmth> {
-    let datasets = match holding {
-        None => return Some(Warmth::default()),
-        Some(Holding::Unreachable(_)) => return None,
-        Some(Holding::Serving(datasets)) => datasets,
+    let Some(holding) = holding else {
+        return Some(Warmth::default());
     };
+    let datasets = holding.serving()?;
     let mut warmth = Warmth::default();
     for status in datasets.values() {
         let snapshot = match (status.state, &status.held_snapshot) {

@@ -65,6 +65,32 @@ spec:
 YAML
 }
 
+queue() { # name flavor spec-line: a ClusterQueue of 8 CPUs, 16 GiB and 4 GPUs of the flavor
+    # in the cohort gpu-shared, with the spec's line added, and its LocalQueue in ml-queued
+    kube apply -f - >/dev/null <<YAML
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata: {name: $1}
+spec:
+  namespaceSelector: {}
+  cohortName: gpu-shared
+  resourceGroups:
+    - coveredResources: ["cpu", "memory", "nvidia.com/gpu"]
+      flavors:
+        - name: $2
+          resources:
+            - {name: "cpu", nominalQuota: 8}
+            - {name: "memory", nominalQuota: 16Gi}
+            - {name: "nvidia.com/gpu", nominalQuota: 4}
+  $3
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: LocalQueue
+metadata: {name: $1, namespace: ml-queued}
+spec: {clusterQueue: $1}
+YAML
+}
+
 workload_of() { # job: its Workload's name
     kube -n ml-queued get workloads -o jsonpath="{.items[?(@.metadata.ownerReferences[0].name=='$1')].metadata.name}"
 }
@@ -250,27 +276,7 @@ YAML
     for job in train-imagenet-queued train-kinetics train-laion train-kinetics-again; do
         evicted_for_pods_ready "$job" && fail "kueue: waitForPodsReady evicted $job"
     done
-    kube apply -f - >/dev/null <<YAML
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: ClusterQueue
-metadata: {name: control}
-spec:
-  namespaceSelector: {}
-  cohortName: gpu-shared
-  resourceGroups:
-    - coveredResources: ["cpu", "memory", "nvidia.com/gpu"]
-      flavors:
-        - name: h100-sxm
-          resources:
-            - {name: "cpu", nominalQuota: 8}
-            - {name: "memory", nominalQuota: 16Gi}
-            - {name: "nvidia.com/gpu", nominalQuota: 4}
----
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: LocalQueue
-metadata: {name: control, namespace: ml-queued}
-spec: {clusterQueue: control}
-YAML
+    queue control h100-sxm ""
     queued_job train-control ade20k control
     wait_for "the control's eviction" 90 evicted_for_pods_ready train-control \
         || fail "kueue: the control job (no check, a cold dataset) was not evicted by waitForPodsReady: the test cannot tell"
@@ -291,28 +297,8 @@ metadata: {name: tas-hosts}
 spec:
   nodeLabels: {hydrator.dev/cache: "true"}
   topologyName: hosts
----
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: ClusterQueue
-metadata: {name: tas}
-spec:
-  namespaceSelector: {}
-  resourceGroups:
-    - coveredResources: ["cpu", "memory", "nvidia.com/gpu"]
-      flavors:
-        - name: tas-hosts
-          resources:
-            - {name: "cpu", nominalQuota: 8}
-            - {name: "memory", nominalQuota: 16Gi}
-            - {name: "nvidia.com/gpu", nominalQuota: 4}
-  admissionChecksStrategy:
-    admissionChecks: [{name: hydrator-prewarm}]
----
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: LocalQueue
-metadata: {name: tas, namespace: ml-queued}
-spec: {clusterQueue: tas}
 YAML
+    queue tas tas-hosts "admissionChecksStrategy: {admissionChecks: [{name: hydrator-prewarm}]}"
     wait_for "ClusterQueue tas active" 60 kube wait --for=condition=Active clusterqueue/tas --timeout=1s \
         || fail "kueue: ClusterQueue tas is not active: $(kube get clusterqueue tas -o jsonpath='{.status.conditions}')"
     queued_job train-tas mapillary tas '{kueue.x-k8s.io/podset-required-topology: kubernetes.io/hostname}'
