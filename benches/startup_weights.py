@@ -296,31 +296,40 @@ class Bench(lazy.Bench):
         hyd_cpu = proc.cpu_now()
         return proc, dict(wall=r["end"] - t0, cpu=r["cpu"], hyd_cpu=hyd_cpu)
 
-    def mount_case(self, method, tag, second):
-        proc, first = self.mounted(method, tag)
-        out = {f"mount+{method}": first}
-        if second:
-            self.wait_ready(proc)
-            out[f"mount 2nd: {method}"] = self.local(method, f"{tag}-2nd", True, self.mountpoint)
-        self.unmount()
-        return out
+    def mounted_only(self, method, tag):
+        return self.mounted(method, tag)[1]
+
+    def timed(self, out, key, fn, *a, **kw):
+        """fn's result under KEY, with the CPU the store's processes spent meanwhile."""
+        before = sum(compare.process_cpu(pid) for pid in self.store.pids)
+        got = fn(*a, **kw)
+        spent = sum(compare.process_cpu(pid) for pid in self.store.pids) - before
+        got["server_cpu"] = spent
+        out[key] = got
 
     def round(self, rnd):
         out = {}
         tuned = {"RUNAI_STREAMER_CONCURRENCY": str(self.tuned)}
-        out["streamer S3 (default)"] = self.streamer_s3(f"s3-default-r{rnd}", True)
-        out[f"streamer S3 (concurrency {self.tuned})"] = self.streamer_s3(
-            f"s3-tuned-r{rnd}", True, **tuned)
-        out["streamer S3 2nd (default)"] = self.streamer_s3(f"s3-2nd-r{rnd}", False)
-        out["sync+streamer"] = self.sync_then("streamer", f"sync-streamer-r{rnd}")
-        out["sync+safetensors"] = self.sync_then("safetensors", f"sync-safetensors-r{rnd}")
+        t = self.timed
+        t(out, "streamer S3 (default)", self.streamer_s3, f"s3-default-r{rnd}", True)
+        t(out, f"streamer S3 (concurrency {self.tuned})", self.streamer_s3, f"s3-tuned-r{rnd}",
+          True, **tuned)
+        t(out, "streamer S3 2nd (default)", self.streamer_s3, f"s3-2nd-r{rnd}", False)
+        t(out, "sync+streamer", self.sync_then, "streamer", f"sync-streamer-r{rnd}")
+        t(out, "sync+safetensors", self.sync_then, "safetensors", f"sync-safetensors-r{rnd}")
         for method in ("streamer", "safetensors"):
             out[f"local 2nd: {method}, cold"] = self.local(method, f"local-{method}-cold-r{rnd}",
                                                            True)
             out[f"local 2nd: {method}, hot"] = self.local(method, f"local-{method}-hot-r{rnd}",
                                                           False)
-        out.update(self.mount_case("streamer", f"mount-streamer-r{rnd}", second=True))
-        out.update(self.mount_case("safetensors", f"mount-safetensors-r{rnd}", second=False))
+        t(out, "mount+streamer", self.mounted_only, "streamer", f"mount-streamer-r{rnd}")
+        self.wait_ready(self.mount_proc)
+        out["mount 2nd: streamer"] = self.local("streamer", f"mount-streamer-2nd-r{rnd}", True,
+                                                self.mountpoint)
+        self.unmount()
+        t(out, "mount+safetensors", self.mounted_only, "safetensors",
+          f"mount-safetensors-r{rnd}")
+        self.unmount()
         self.clean()
         return out
 
@@ -367,8 +376,9 @@ def section(store_name, rounds, results, tuned):
     lines = [f"### Weights: {TOTAL / GiB:.2f} GiB of safetensors ({SHARDS} shards, "
              f"{len(tensors())} bf16 tensors) into CPU memory, {store_name}, "
              f"medians of {len(results)} round(s)", "",
-             "| load | how | wall | GiB/s | client CPU: loader + hydrator (user+sys) |",
-             "|---|---|---|---|---|"]
+             "| load | how | wall | GiB/s | client CPU: loader + hydrator (user+sys) "
+             "| store's CPU |",
+             "|---|---|---|---|---|---|"]
     medians = {}
     for key, kind in ORDER:
         k = key.format(t=tuned)
@@ -377,6 +387,7 @@ def section(store_name, rounds, results, tuned):
             continue
         wall = med(r["wall"] for r in runs)
         cpu, hyd = med(r["cpu"] for r in runs), med(r["hyd_cpu"] for r in runs)
+        server = med(r.get("server_cpu") for r in runs)
         medians[k] = dict(wall=wall, cpu=cpu, hyd=hyd)
         extra = ""
         if "sync" in runs[0]:
@@ -384,7 +395,8 @@ def section(store_name, rounds, results, tuned):
                      f"{med(r['load'] for r in runs):.2f} s)")
         hyd_text = f" + {hyd:.2f}" if hyd else ""
         lines.append(f"| {kind} | {LABELS[key].format(t=tuned)} | {wall:.2f} s{extra} | "
-                     f"{TOTAL / GiB / wall:.2f} | {cpu:.2f}{hyd_text} s |")
+                     f"{TOTAL / GiB / wall:.2f} | {cpu:.2f}{hyd_text} s | "
+                     + (f"{server:.2f} s |" if server is not None else "— |"))
     lines.append("")
     base = medians.get("streamer S3 (default)")
     best = min((medians[k]["wall"] for k in medians if k.startswith("streamer S3 (")),
