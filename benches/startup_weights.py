@@ -171,7 +171,11 @@ def load(method, root, names):
     elif method == "safetensors":
         from safetensors.torch import load_file
         for n in names:
-            got.update(load_file(os.path.join(root, n)))
+            # load_file's tensors are views of the file's mmap: nothing is read until they
+            # are touched. clone() reads each into memory of its own, as a model's
+            # parameters are filled.
+            for name, tensor in load_file(os.path.join(root, n)).items():
+                got[name] = tensor.clone()
     else:
         raise ValueError(method)
     return got, sum(t.numel() * t.element_size() for t in got.values())
@@ -307,7 +311,9 @@ class Bench(lazy.Bench):
         got["server_cpu"] = spent
         out[key] = got
 
-    def round(self, rnd):
+    def round(self, rnd, methods=("streamer", "safetensors")):
+        if methods == ("safetensors",):
+            return self.round_safetensors(rnd)
         out = {}
         tuned = {"RUNAI_STREAMER_CONCURRENCY": str(self.tuned)}
         t = self.timed
@@ -327,6 +333,21 @@ class Bench(lazy.Bench):
         out["mount 2nd: streamer"] = self.local("streamer", f"mount-streamer-2nd-r{rnd}", True,
                                                 self.mountpoint)
         self.unmount()
+        t(out, "mount+safetensors", self.mounted_only, "safetensors",
+          f"mount-safetensors-r{rnd}")
+        self.unmount()
+        self.clean()
+        return out
+
+
+    def round_safetensors(self, rnd):
+        """The safetensors loads of a round alone."""
+        out, t = {}, self.timed
+        t(out, "sync+safetensors", self.sync_then, "safetensors", f"sync-safetensors-r{rnd}")
+        out["local 2nd: safetensors, cold"] = self.local(
+            "safetensors", f"local-safetensors-cold-r{rnd}", True)
+        out["local 2nd: safetensors, hot"] = self.local(
+            "safetensors", f"local-safetensors-hot-r{rnd}", False)
         t(out, "mount+safetensors", self.mounted_only, "safetensors",
           f"mount-safetensors-r{rnd}")
         self.unmount()
@@ -418,14 +439,15 @@ def versions(hydrator, store):
     import runai_model_streamer  # noqa: F401
     from importlib.metadata import version
     out = {"hydrator": subprocess.run([hydrator, "--version"], capture_output=True,
-                                      text=True).stdout.strip()}
+                                      text=True).stdout.split()[-1]}
     for p in ("torch", "safetensors", "runai-model-streamer", "runai-model-streamer-s3"):
         out[p] = version(p)
     out["python"] = platform.python_version()
     return out
 
 
-def run(store, env, hydrator_bin, work, rounds, tuned=TUNED_CONCURRENCY):
+def run(store, env, hydrator_bin, work, rounds, tuned=TUNED_CONCURRENCY,
+        methods=("streamer", "safetensors")):
     """Uploads the model once, runs ROUNDS rounds on STORE and returns the markdown section."""
     work = Path(work)
     work.mkdir(parents=True, exist_ok=True)
@@ -437,7 +459,7 @@ def run(store, env, hydrator_bin, work, rounds, tuned=TUNED_CONCURRENCY):
         for rnd in range(1, rounds + 1):
             compare.touch_free_memory()
             log(f"weights, round {rnd}/{rounds}")
-            results.append(bench.round(rnd))
+            results.append(bench.round(rnd, methods))
             log(json.dumps(results[-1]))
     finally:
         bench.unmount()
@@ -452,6 +474,8 @@ def main():
     ap.add_argument("--work", default="/var/tmp/s45-startup-weights")
     ap.add_argument("--tuned-concurrency", type=int, default=TUNED_CONCURRENCY)
     ap.add_argument("--out", default=str(BENCHES / "RESULTS-startup-weights.md"))
+    ap.add_argument("--only-safetensors", action="store_true",
+                    help="only the safetensors loads (sync, local, mount)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -470,7 +494,8 @@ def main():
                                work)
     env = compare.s3_env(store.endpoint, region=store.region)
     try:
-        text = run(store, env, str(hydrator), work, args.rounds, args.tuned_concurrency)
+        methods = ("safetensors",) if args.only_safetensors else ("streamer", "safetensors")
+        text = run(store, env, str(hydrator), work, args.rounds, args.tuned_concurrency, methods)
     finally:
         store.stop()
         page.restore()
@@ -478,7 +503,8 @@ def main():
     head = (f"Machine: {compare.machine()}. Versions: "
             + ", ".join(f"{k} {val}" for k, val in v.items())
             + f". Command: `python3 benches/startup_weights.py --store {args.store} "
-            f"--rounds {args.rounds} --hydrator-bin HYDRATOR`"
+            f"--rounds {args.rounds} --hydrator-bin HYDRATOR"
+            + (" --only-safetensors" if args.only_safetensors else "") + "`"
             f" ({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC)\n")
     print(head + "\n" + text)
     out = Path(args.out)
