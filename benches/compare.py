@@ -89,7 +89,10 @@ WORKLOADS = {
     "W5": Workload("W5", "listing scale: 200,000 × 16 B", "w5", 200_000, 16),
     "W6": Workload("W6", "ImageNet scale: 1,281,167 × 4 KiB (origin only)", "w6", 1_281_167,
                    4096),
+    "W7": Workload("W7", "large: 4 × 512 MiB", "w7", 4, 512 * MiB),
 }
+# Byte workloads: throughput in MiB/s, a curl ceiling beside the tools, cost per GiB.
+LARGE = {"W1", "W2", "W7"}
 ORIGIN_ONLY = {"W6"}
 # What a 100 Gbit/s NIC delivers, and an object rate a busy node asks for.
 LINE_RATE = 100e9 / 8
@@ -772,7 +775,7 @@ def run_matrix(args, tools, servers, work):
             if round_no >= rounds:
                 continue
             order = args.tools[round_no % len(args.tools):] + args.tools[:round_no % len(args.tools)]
-            if wname in ("W1", "W2"):
+            if wname in LARGE:
                 order = order + ["ceiling"]
             order = [tool + scheme for tool in order for scheme in servers]
             for name in order:
@@ -875,7 +878,7 @@ def table(results, args):
                 speed = f"{workload.count / wall:,.0f} obj/s checked"
             else:
                 speed = f"{workload.total / MiB / wall:,.0f} MiB/s"
-            cpu_gib = f"{cpu / gib:.2f}" if wname in ("W1", "W2", "W3") else ""
+            cpu_gib = f"{cpu / gib:.2f}" if wname in LARGE | {"W3"} else ""
             rss = "" if tool == "ceiling" else f"{cell.peak_rss_mib():.0f}"
             vs_s5 = f"{s5.median('wall') / wall:.2f}×" if s5 and s5.median("wall") else ""
             vs_ceiling = ""
