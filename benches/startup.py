@@ -613,6 +613,9 @@ def shape_table(store, shape, results, args):
     for loader in args.loaders:
         runs = results.get((store, shape.key, loader), [])
         good = [r for r in runs if r.get("ok")]
+        if not runs:
+            rows.append(f"| {LOADERS[loader]} | not run | | | | | | | | 0/0 |")
+            continue
         if not good:
             note = "; ".join(r.get("note", "") for r in runs)
             rows.append(f"| {LOADERS[loader]} | failed: {note} | | | | | | | | 0/{len(runs)} |")
@@ -657,7 +660,8 @@ def targets(results, args):
             met_rate = ("—" if None in (ours, best_rate) else
                         "met" if ours >= best_rate else "**missed**")
             mib = lambda v: f(v / MiB if v else None, ".0f")  # noqa: E731
-            rows.append(f"| {store} | {shape.key} | {f(mount_first)} s | {f(best_first)} s "
+            rows.append(f"| {store} | {shape.key} | {f(mount_first, unit=' s')} "
+                        f"| {f(best_first, unit=' s')} "
                         f"| {met_first} | {mib(mount_rate)} / {mib(sync_rate)} "
                         f"| {mib(best_rate)} | {met_rate} |")
     return "\n".join(rows)
