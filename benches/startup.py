@@ -425,7 +425,8 @@ class Runner:
             cmd += [str(self.mnt), "--cache", str(where)]
         else:
             cmd += [str(where)]
-        return cmd + ["--endpoint-url", self.store.endpoint, "--progress", "none"]
+        return cmd + ["--endpoint-url", self.store.endpoint, "--progress", "none",
+                      *self.args.hydrator_arg]
 
     def run(self, shape, loader, rnd):
         """One run: a fresh trainer, a cold page cache, two epochs. Returns its figures."""
@@ -704,7 +705,8 @@ def write_results(args, results, sections):
         "epochs. A and B: an item is an object read whole; W: a sample streamed out of a tar "
         "shard (tarfile \"r|\", 1 MiB reads), shards dealt to the workers.",
         "- Loaders: s3torchconnector's datasets at their defaults (CRT client, 8 MiB parts, "
-        "sequential reader; path-style addressing), `hydrator mount`/`sync` at their defaults. "
+        "sequential reader; path-style addressing), `hydrator mount`/`sync` at their defaults"
+        + (f" plus `{' '.join(args.hydrator_arg)}`" if args.hydrator_arg else "") + ". "
         "s3map, mount and sync shuffle (A, B: the DataLoader, seeded; W: the shard order); "
         "s3iter reads in listing order.",
         "- Clock: t0 after the trainer has imported torch; first batch and epoch 1 from t0, so "
@@ -751,6 +753,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hydrator-bin", type=Path,
                         help="a prebuilt hydrator (copied first); default: cargo build --release")
+    parser.add_argument("--hydrator-arg", action="append", default=[], metavar="ARG",
+                        help="an argument added to `hydrator mount` and `sync` (repeatable), "
+                             "e.g. --hydrator-arg=--direct-io=never")
     parser.add_argument("--stores", default="minio,garage")
     parser.add_argument("--shapes", default="A,B,W")
     parser.add_argument("--loaders", default=",".join(LOADERS))
