@@ -23,7 +23,10 @@
 //!   never asking [`Wants`]: a trainer's gate on it cannot wait on the hydration.
 //! - The view is read-only and never changes while mounted: entries and attributes are cached
 //!   by the kernel for a day, file data keeps its page cache between opens, and a close sends
-//!   no flush (`FOPEN_NOFLUSH`): each file costs this process one open and one release.
+//!   no flush (`FOPEN_NOFLUSH`): each file costs this process one open and one release (the
+//!   open hands over the passthrough backing, so it cannot be skipped). Lookups in a directory
+//!   run in parallel (`FUSE_PARALLEL_DIROPS`), and directories are opened by the kernel
+//!   without asking (`FUSE_NO_OPENDIR_SUPPORT`), their listings cached.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::OsStr;
@@ -81,6 +84,8 @@ struct Shared {
     uid: u32,
     gid: u32,
     passthrough: AtomicBool,
+    /// Whether the kernel opens directories without asking (it said so at INIT).
+    no_opendir: AtomicBool,
     next_handle: AtomicU64,
     open: Mutex<Open>,
     /// Keys whose failure was logged by an open (once each).
@@ -180,6 +185,7 @@ impl LazyView {
                 uid: rustix::process::getuid().as_raw(),
                 gid: rustix::process::getgid().as_raw(),
                 passthrough: AtomicBool::new(false),
+                no_opendir: AtomicBool::new(false),
                 next_handle: AtomicU64::new(first_handle()),
                 open: Mutex::default(),
                 told: Mutex::default(),
@@ -598,6 +604,12 @@ impl Filesystem for LazyView {
         self.shared.passthrough.store(taken, Relaxed);
         // A file mapped while it downloads is read through this process like its reads.
         let _ = config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP);
+        // The tree never changes: lookups in one directory need not wait for each other (the
+        // kernel otherwise takes the directory's lock for each, and readers of files side by
+        // side queue there).
+        let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+        let no_opendir = config.add_capabilities(InitFlags::FUSE_NO_OPENDIR_SUPPORT);
+        self.shared.no_opendir.store(no_opendir.is_ok(), Relaxed);
         match (taken, self.want_passthrough) {
             (true, _) => {}
             (false, true) => tracing::warn!(
@@ -756,8 +768,14 @@ impl Filesystem for LazyView {
         reply.ok();
     }
 
+    /// A directory needs no open: where the kernel can do without (Linux ≥ 5.1), ENOSYS tells
+    /// it so once, and it opens directories by itself from then on (no OPENDIR and RELEASEDIR
+    /// round trips), keeping their listings cached as `FOPEN_CACHE_DIR | FOPEN_KEEP_CACHE` asks.
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         match self.shared.tree.node(ino.0).map(|node| &node.kind) {
+            Some(Kind::Dir { .. }) if self.shared.no_opendir.load(Relaxed) => {
+                reply.error(Errno::ENOSYS)
+            }
             Some(Kind::Dir { .. }) => reply.opened(
                 FileHandle(0),
                 FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
