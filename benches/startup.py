@@ -597,7 +597,9 @@ def measure_store(args, store, hydrator, results, sections):
 
 
 def med(runs, key):
-    values = [r[key] for r in runs if r.get("ok") and r.get(key) is not None]
+    values = [r[key] for r in runs
+              if r.get("ok") and isinstance(r.get(key), (int, float))
+              and not isinstance(r.get(key), bool)]
     return statistics.median(values) if values else None
 
 

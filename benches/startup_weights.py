@@ -231,20 +231,13 @@ class Loader:
 
 class Bench(lazy.Bench):
     def __init__(self, store, env, hydrator, work, tuned):
-        self.store, self.hydrator, self.work, self.tuned = store, hydrator, work, tuned
-        self.endpoint = store.endpoint
+        super().__init__(argparse.Namespace(concurrency=None), store.endpoint, hydrator, work)
+        self.store, self.tuned = store, tuned
         self.env = dict(env)
         self.env.setdefault("RUST_LOG", "info")
         self.env.update(AWS_ENDPOINT_URL=store.endpoint, AWS_EC2_METADATA_DISABLED="true",
                         RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING="0")
         self.env.pop("RUNAI_STREAMER_CONCURRENCY", None)
-        self.mountpoint = work / "mnt"
-        self.cache = work / "cache"
-        self.dest = work / "dest"
-        self.logs = work / "logs"
-        self.logs.mkdir(parents=True, exist_ok=True)
-        self.mount_proc = None
-        self.args = argparse.Namespace(concurrency=None)
         self.shape = argparse.Namespace(key="weights")
         self.url = f"s3://{compare.BUCKET}/{PREFIX}/"
 
