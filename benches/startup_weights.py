@@ -464,7 +464,7 @@ def main():
     ap.add_argument("--store", choices=["minio", "garage"], default="minio")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--hydrator-bin")
-    ap.add_argument("--work", default="/var/tmp/s45-startup-weights")
+    ap.add_argument("--work", default="/var/tmp/startup-weights")
     ap.add_argument("--tuned-concurrency", type=int, default=TUNED_CONCURRENCY)
     ap.add_argument("--out", default=str(BENCHES / "RESULTS-startup-weights.md"))
     ap.add_argument("--only-safetensors", action="store_true",
