@@ -19,6 +19,10 @@
 
 mod connections;
 mod exchange;
+mod handshake;
+mod records;
+#[cfg(test)]
+mod tls_wire_tests;
 #[cfg(test)]
 mod wire_tests;
 

@@ -1,5 +1,5 @@
-//! The lean path's connections: TCP, or TLS over it with the configuration the SDK's client
-//! trusts (`source::tls`), kept open between GETs. A connection goes back to the pool only after
+//! The lean path's connections: TCP, or TLS over it (`handshake`, then `records`) with the
+//! configuration the SDK's client trusts (`source::tls`), kept open between GETs. A connection goes back to the pool only after
 //! its response was read to the end with nothing left over, so a pooled one is always at a
 //! request boundary; one that has since been closed, or has bytes nobody asked for, is dropped
 //! when taken. One the server closes just as a request goes out fails before an answer;
@@ -15,10 +15,10 @@ use std::time::{Duration, Instant};
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::TcpStream;
-use tokio_rustls::client::TlsStream;
-use tokio_rustls::TlsConnector;
 use tokio_util::either::Either;
 
+use super::handshake::handshake;
+use super::records::TlsRecords;
 use crate::source::client::CONNECT_TIMEOUT;
 
 /// A connection idle this long is closed rather than reused: most servers close theirs sooner
@@ -66,7 +66,7 @@ impl Origin {
 }
 
 /// One connection, plain or TLS.
-pub(super) type Stream = Either<TcpStream, Box<TlsStream<TcpStream>>>;
+pub(super) type Stream = Either<TcpStream, Box<TlsRecords>>;
 
 /// Nothing to read and not closed, without waiting: a connection at a request boundary.
 fn is_quiet(stream: &mut Stream) -> bool {
@@ -78,16 +78,18 @@ fn is_quiet(stream: &mut Stream) -> bool {
 
 /// Open connections and the idle ones kept for reuse.
 pub(super) struct Connections {
-    tls: TlsConnector,
+    /// With the traffic keys extractable, for `records`.
+    tls: Arc<rustls::ClientConfig>,
     idle: Mutex<HashMap<Origin, Vec<(Stream, Instant)>>>,
     /// Idle connections kept per origin (as many as requests may be in flight).
     max_idle: usize,
 }
 
 impl Connections {
-    pub(super) fn new(tls: rustls::ClientConfig, max_idle: usize) -> Arc<Self> {
+    pub(super) fn new(mut tls: rustls::ClientConfig, max_idle: usize) -> Arc<Self> {
+        tls.enable_secret_extraction = true;
         Arc::new(Self {
-            tls: TlsConnector::from(Arc::new(tls)),
+            tls: Arc::new(tls),
             idle: Mutex::default(),
             max_idle,
         })
@@ -122,7 +124,7 @@ impl Connections {
         }
         let name = ServerName::try_from(origin.bare_host().to_string())
             .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
-        let tls = tokio::time::timeout(CONNECT_TIMEOUT, self.tls.connect(name, tcp))
+        let tls = tokio::time::timeout(CONNECT_TIMEOUT, handshake(self.tls.clone(), name, tcp))
             .await
             .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out"))??;
         Ok(Either::Right(Box::new(tls)))
