@@ -223,8 +223,11 @@ impl LeanGets {
     /// just as the request went out), else on a new one.
     async fn ask(&self, origin: &Origin, request: &[u8]) -> std::io::Result<Answer> {
         if let Some(stream) = self.connections.idle(origin) {
-            if let Ok(answer) = round_trip(stream, request).await {
-                return Ok(answer);
+            match round_trip(stream, request).await {
+                Ok(answer) => return Ok(answer),
+                Err(err) => {
+                    tracing::debug!("a kept connection failed ({err}): asking on a new one")
+                }
             }
         }
         round_trip(self.connections.connect(origin).await?, request).await

@@ -108,6 +108,7 @@ impl Connections {
             if is_quiet(&mut stream) {
                 return Some(stream);
             }
+            tracing::debug!("a kept connection was closed or spoke unasked: dropped");
         }
         None
     }

@@ -96,7 +96,7 @@ impl TlsRecords {
             suite,
             decrypter: decrypter(suite, rx)?,
             read_seq,
-            encrypter: encrypter(suite, tx)?,
+            encrypter: encrypter_at(suite, tx, write_seq)?,
             write_seq,
             input,
             start: 0,
@@ -378,6 +378,31 @@ impl AsyncWrite for TlsRecords {
         ready!(this.poll_drain(cx))?;
         Pin::new(&mut this.tcp).poll_shutdown(cx)
     }
+}
+
+/// rustls's record sealer for `suite` with `secrets`, whose next record is `next_seq`.
+///
+/// Why the throwaway record: aws-lc's sealing key checks that each nonce comes after the last
+/// one, counting from the first it seals as sequence 0. TLS 1.2 hands its key over after the
+/// Finished message was sealed with it at sequence 0, so a new sealer would take sequence 1 as
+/// its 0 and refuse the third record. One record sealed at 0 and dropped (never sent: a nonce
+/// used twice on the wire would be a break, one used for nothing is not) starts its count
+/// where the connection's is.
+fn encrypter_at(
+    suite: SupportedCipherSuite,
+    secrets: ConnectionTrafficSecrets,
+    next_seq: u64,
+) -> io::Result<Box<dyn MessageEncrypter>> {
+    let mut encrypter = encrypter(suite, secrets)?;
+    if next_seq > 0 {
+        let throwaway = OutboundPlainMessage {
+            typ: ContentType::ApplicationData,
+            version: ProtocolVersion::TLSv1_2,
+            payload: OutboundChunks::Single(&[]),
+        };
+        encrypter.encrypt(throwaway, 0).map_err(tls_error)?;
+    }
+    Ok(encrypter)
 }
 
 /// The key and IV of a direction's secrets.

@@ -148,6 +148,8 @@ fn serve(
     requests: &AtomicUsize,
 ) {
     let mut tls = rustls::ServerConnection::new(config).unwrap();
+    // A whole answer is buffered before any of it is written.
+    tls.set_buffer_limit(None);
     loop {
         let mut read = Vec::new();
         while !read.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -239,7 +241,9 @@ async fn gets_follow_one_another_on_a_connection_in_every_version_and_cipher() {
             end: End::KeepOpen,
         });
         let lean = lean(&endpoint, ca).await;
-        for n in 0..3 {
+        // More than two: aws-lc refuses a TLS 1.2 sealer's third record unless its count
+        // starts where the handshake left it.
+        for n in 0..5 {
             let body = get(&lean, large(n).len() as u64).await.expect(name);
             assert!(body.unwrap() == large(n), "{name}: body {n}");
         }
