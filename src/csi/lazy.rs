@@ -178,6 +178,12 @@ impl Wants for DaemonWants {
         });
         RangeWanted::Later(told)
     }
+
+    /// The snapshot's READY marker: written once its every file was published and checked.
+    fn all_local(&self) -> bool {
+        matches!(self.dest.existing_state_dir(), Ok(Some(state))
+            if crate::manifest::ready::exists(&state).unwrap_or(false))
+    }
 }
 
 /// Why a lazy view's open cannot have its file.

@@ -64,6 +64,8 @@ struct Inner {
     waiters: HashMap<usize, Vec<oneshot::Sender<Result<(), Unavailable>>>>,
     planning_done: bool,
     closed: Option<Unavailable>,
+    /// The run completed with every object local ([`Schedule::all_local`], none failed).
+    complete: bool,
     /// Multi-part downloads readers may read before they are whole, and who waits for which
     /// of their bytes.
     streams: Streams,
@@ -115,6 +117,7 @@ impl Schedule {
                 waiters: HashMap::new(),
                 planning_done: false,
                 closed: None,
+                complete: false,
                 streams: Streams::default(),
             }),
             changed: Notify::new(),
@@ -236,6 +239,12 @@ impl Schedule {
                 inner.streams.finished(at, &Ok(()));
             }
         }
+        inner.complete = !inner.states.iter().any(|s| matches!(s, State::Failed(_)));
+    }
+
+    /// Whether every object is local for good: the run completed and none failed.
+    pub(crate) fn is_complete(&self) -> bool {
+        self.lock().complete
     }
 
     /// Whether a reader waits for `key` now (the whole file, or some of its bytes).

@@ -75,6 +75,14 @@ impl BackingJournal {
             .remove(&ino)
     }
 
+    /// Whether an earlier process left backings that this one has not taken: files may be open
+    /// through them that this process knows nothing of.
+    pub(crate) fn has_inherited(&self) -> bool {
+        !(self.inherited.lock())
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .is_empty()
+    }
+
     /// `id` was registered for `ino`.
     pub(crate) fn registered(&self, ino: u64, id: u32) {
         self.append(ino, id);

@@ -23,10 +23,17 @@
 //!   never asking [`Wants`]: a trainer's gate on it cannot wait on the hydration.
 //! - The view is read-only and never changes while mounted: entries and attributes are cached
 //!   by the kernel for a day, file data keeps its page cache between opens, and a close sends
-//!   no flush (`FOPEN_NOFLUSH`): each file costs this process one open and one release (the
-//!   open hands over the passthrough backing, so it cannot be skipped). Lookups in a directory
-//!   run in parallel (`FUSE_PARALLEL_DIROPS`), and directories are opened by the kernel
-//!   without asking (`FUSE_NO_OPENDIR_SUPPORT`), their listings cached.
+//!   no flush (`FOPEN_NOFLUSH`): while it hydrates, each file costs this process one open and
+//!   one release (the open hands over the passthrough backing). Lookups in a directory run in
+//!   parallel (`FUSE_PARALLEL_DIROPS`), and directories are opened by the kernel without asking
+//!   (`FUSE_NO_OPENDIR_SUPPORT`), their listings cached.
+//! - Once the dataset is whole, an open answered ENOSYS tells the kernel to open files by
+//!   itself from then on (`FUSE_NO_OPEN_SUPPORT`, [`Shared::settle`]): a file whose pages the
+//!   kernel holds is then read with no round trip at all, as a pod that keeps the view after
+//!   READY rereads its epochs; a page it lacks is one read here from the local file. The price:
+//!   those pages are cached twice (the view's and the local file's), and a file opened after
+//!   that reads only while this process (or a later one of the view) serves, where a
+//!   passthrough file reads on from the kernel alone.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::OsStr;
@@ -55,11 +62,18 @@ use crate::write::dest::Dest;
 pub(crate) trait Wants: Send + Sync + 'static {
     /// `bytes` of `file`: published, written in its partial file (`streams.rs`), or when.
     fn want_range(&self, file: &FileNode, bytes: Range<u64>) -> RangeWanted;
+
+    /// Whether every file of the view is local for good (the dataset is complete).
+    fn all_local(&self) -> bool;
 }
 
 impl Wants for Schedule {
     fn want_range(&self, file: &FileNode, bytes: Range<u64>) -> RangeWanted {
         Schedule::want_range(self, &file.key, bytes)
+    }
+
+    fn all_local(&self) -> bool {
+        self.is_complete()
     }
 }
 
@@ -69,6 +83,9 @@ const TTL: Duration = Duration::from_secs(24 * 60 * 60);
 const IDLE_BACKINGS: usize = 4096;
 /// Times a read asks again for bytes whose partial file was replaced since it was told.
 const MAX_ASKS: u32 = 3;
+/// The handle of a file the kernel opened without asking (`FUSE_NO_OPEN_SUPPORT`): never one
+/// this process gives out ([`first_handle`] is at least 1).
+const UNOPENED: u64 = 0;
 
 pub(crate) struct LazyView {
     shared: Arc<Shared>,
@@ -86,6 +103,10 @@ struct Shared {
     passthrough: AtomicBool,
     /// Whether the kernel opens directories without asking (it said so at INIT).
     no_opendir: AtomicBool,
+    /// Whether the kernel can open files without asking (it said so at INIT).
+    no_open: AtomicBool,
+    /// Opens are answered ENOSYS: the dataset is whole, and the kernel opens its files itself.
+    settled: AtomicBool,
     next_handle: AtomicU64,
     open: Mutex<Open>,
     /// Keys whose failure was logged by an open (once each).
@@ -186,6 +207,8 @@ impl LazyView {
                 gid: rustix::process::getgid().as_raw(),
                 passthrough: AtomicBool::new(false),
                 no_opendir: AtomicBool::new(false),
+                no_open: AtomicBool::new(false),
+                settled: AtomicBool::new(false),
                 next_handle: AtomicU64::new(first_handle()),
                 open: Mutex::default(),
                 told: Mutex::default(),
@@ -295,6 +318,63 @@ impl Shared {
         match &self.tree.node(ino)?.kind {
             Kind::Memory(bytes) => Some(bytes),
             Kind::Dir { .. } | Kind::File(_) => None,
+        }
+    }
+
+    /// Whether opens need this process no more, from now on: the kernel can open files by
+    /// itself, every file is local for good, and no handle is open here (the kernel would
+    /// refuse an open that keeps pages beside a passthrough one of the same file). The open
+    /// that finds so is answered ENOSYS, and the kernel sends no open of a file again: each
+    /// file then costs no round trip at all while its pages are cached.
+    fn settle(&self) -> bool {
+        if self.settled.load(Relaxed) {
+            return true;
+        }
+        if !self.no_open.load(Relaxed) || !self.wants.all_local() {
+            return false;
+        }
+        if self
+            .journal
+            .get()
+            .is_some_and(BackingJournal::has_inherited)
+        {
+            return false;
+        }
+        let mut open = self.open_mut();
+        if !(open.handles.is_empty() && open.files.is_empty() && open.streamed.is_empty()) {
+            return false;
+        }
+        self.settled.store(true, Relaxed);
+        // The idle backings will serve no open again.
+        for ino in std::mem::take(&mut open.idle) {
+            if let Some(journal) = self.journal.get() {
+                journal.closing(ino);
+            }
+            open.backing.remove(&ino);
+        }
+        tracing::info!("the view is whole: the kernel opens its files without asking from now on");
+        true
+    }
+
+    /// Answers a read of a file the kernel opened without asking, which it does only once
+    /// the view settled ([`Shared::settle`], maybe in an earlier process of the view): the
+    /// published file is read.
+    fn read_unopened(&self, ino: u64, bytes: Range<u64>, reply: ReplyData) {
+        let Some(node) = self.file(ino) else {
+            return reply.error(Errno::EIO);
+        };
+        let bytes = bytes.start.min(node.size)..bytes.end.min(node.size);
+        match self.dest.open_final(&node.rel) {
+            Ok(Some(local)) => reply_read(&local, &bytes, reply),
+            Ok(None) => {
+                self.report(node, "a read failed with EIO", "the local file is missing");
+                reply.error(Errno::EIO)
+            }
+            Err(err) => {
+                let reason = format!("opening the local file: {err}");
+                self.report(node, "a read failed with EIO", &reason);
+                reply.error(Errno::EIO)
+            }
         }
     }
 
@@ -610,6 +690,8 @@ impl Filesystem for LazyView {
         let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
         let no_opendir = config.add_capabilities(InitFlags::FUSE_NO_OPENDIR_SUPPORT);
         self.shared.no_opendir.store(no_opendir.is_ok(), Relaxed);
+        let no_open = config.add_capabilities(InitFlags::FUSE_NO_OPEN_SUPPORT);
+        self.shared.no_open.store(no_open.is_ok(), Relaxed);
         match (taken, self.want_passthrough) {
             (true, _) => {}
             (false, true) => tracing::warn!(
@@ -651,6 +733,9 @@ impl Filesystem for LazyView {
         let Some(file) = shared.file(ino.0) else {
             return reply.error(Errno::EISDIR);
         };
+        if shared.settle() {
+            return reply.error(Errno::ENOSYS);
+        }
         let Some(reply) = shared.open_kept(ino.0, reply) else {
             return;
         };
@@ -688,6 +773,9 @@ impl Filesystem for LazyView {
             return reply.data(window(bytes, offset, size));
         }
         let end = offset.saturating_add(size.into());
+        if fh.0 == UNOPENED {
+            return self.shared.read_unopened(ino.0, offset..end, reply);
+        }
         if let Some(file) = self.shared.served_file(ino.0, fh.0) {
             return reply_read(&file, &(offset..end), reply);
         }
@@ -702,8 +790,9 @@ impl Filesystem for LazyView {
         self.shared.read_range((ino.0, fh.0), bytes, 0, reply);
     }
 
-    /// Nothing is ever written: a close has nothing to flush (and `FOPEN_NOFLUSH` asks the
-    /// kernel not to send it).
+    /// Nothing is ever written: a close has nothing to flush. `FOPEN_NOFLUSH` asks the kernel
+    /// not to send it; a file the kernel opened without asking has no such flag, and ENOSYS
+    /// tells the kernel never to send a flush again.
     fn flush(
         &self,
         _req: &Request,
@@ -712,7 +801,22 @@ impl Filesystem for LazyView {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        reply.error(Errno::ENOSYS);
+    }
+
+    /// A regular file is always ready: ENOSYS tells the kernel so once, and it asks no more
+    /// (io_uring readers poll before they read).
+    fn poll(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _ph: fuser::PollNotifier,
+        _events: fuser::PollEvents,
+        _flags: fuser::PollFlags,
+        reply: fuser::ReplyPoll,
+    ) {
+        reply.error(Errno::ENOSYS);
     }
 
     /// No ioctl applies to a file of the view (a `TCGETS` from `isatty` is the usual one).

@@ -273,6 +273,60 @@ fn a_read_waits_for_the_parts_holding_its_bytes_not_for_the_whole_file() {
 }
 
 #[test]
+fn once_whole_the_view_opens_its_files_without_asking_and_reads_them_right() {
+    use std::os::fd::AsRawFd;
+    let server = Server::local();
+    let dataset = shards("s/", 16, 200 << 10);
+    server.seed("settled/", &dataset);
+    // Not whole before the first open below.
+    server
+        .faults
+        .add(Rule::get("shard-015.bin", Fault::StallBody(0, Duration::from_secs(1))).times(1));
+    let mount = Mounted::start(&server, "settled/", &[]);
+    // The view itself, as a pod without HostToContainer propagation keeps it.
+    let view = std::fs::File::open(&mount.mountpoint).unwrap();
+    let in_view = |name: &str| format!("/proc/self/fd/{}/{name}", view.as_raw_fd());
+    // Opened while it may still hydrate, and kept open: a passthrough handle, or one read here.
+    let mut kept = std::fs::File::open(in_view("s/shard-000.bin")).unwrap();
+    wait_until("READY", Duration::from_secs(30), || has_ready(&mount.cache));
+    let said = "the kernel opens its files without asking";
+    for round in 0..3 {
+        for (name, bytes) in &dataset {
+            let read = std::fs::read(in_view(name));
+            assert!(
+                read.as_ref().is_ok_and(|read| read == bytes),
+                "{name}, round {round}: {:?} {}",
+                read.map(|read| read.len()),
+                mount.log()
+            );
+        }
+        if round == 0 {
+            // Not while a handle of this process is open.
+            assert!(!mount.log().contains(said), "{}", mount.log());
+            let mut whole = Vec::new();
+            kept.read_to_end(&mut whole).unwrap();
+            assert!(whole == dataset["s/shard-000.bin"]);
+            drop(std::mem::replace(
+                &mut kept,
+                std::fs::File::open("/dev/null").unwrap(),
+            ));
+            // The release reaches the view after the close returns.
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    assert_eq!(mount.log().matches(said).count(), 1, "{}", mount.log());
+    // Pages the kernel keeps and pages it asks for again are the same bytes.
+    std::process::Command::new("sh")
+        .args(["-c", "echo 1 > /proc/sys/vm/drop_caches"])
+        .status()
+        .unwrap();
+    let mut at = vec![0; 4096];
+    let last = std::fs::File::open(in_view("s/shard-015.bin")).unwrap();
+    last.read_exact_at(&mut at, 100_000).unwrap();
+    assert!(at == dataset["s/shard-015.bin"][100_000..104_096]);
+}
+
+#[test]
 fn a_file_mapped_while_it_downloads_reads_right_and_opens_of_it_go_on_once_whole() {
     use std::os::fd::AsRawFd;
     let server = Server::local();
