@@ -621,7 +621,7 @@ def table(shape, m):
         f"| 3b. hydrated read, random 4 KiB preads (mount vs plain, MiB/s) "
         f"| {fmt(m['rand_mount'], '')} | {fmt(m['rand_plain'], '')} | {fmt(m['ratio_rand'], '')} "
         f"| ≥ 0.95 ({check(m['ratio_rand'], 0.95, '>=')}) |",
-        f"| 3c. the same sequential reads through the FUSE view under it (passthrough; what a "
+        f"| 3c. the same sequential reads through the FUSE view under it (what a "
         f"pod that started lazily keeps) | {fmt(m['seq_view'], '')} | {fmt(m['seq_plain'], '')} "
         f"| {fmt(m['ratio_seq_view'], '')} | ≥ 0.95 ({check(m['ratio_seq_view'], 0.95, '>=')}) |",
         f"| 3d. the same random reads through the FUSE view | {fmt(m['rand_view'], '')} "

@@ -3,8 +3,9 @@
 //! root).
 
 use std::collections::BTreeMap;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::support::csi::{volume, Csi, Volume};
@@ -370,6 +371,8 @@ fn a_lazy_volume_starts_while_the_dataset_hydrates_and_the_next_pod_after_ready_
     csi.publish_when_ready(&volume("vol-1", "uid-1", "lazy", &early));
     assert_eq!(daemon.status("lazy")["state"], "hydrating");
     assert!(fs_type(&early).starts_with("fuse"), "{}", fs_type(&early));
+    // The view itself, as a pod without HostToContainer propagation keeps it.
+    let view = std::fs::File::open(&early).unwrap();
     let names: Vec<String> = {
         let mut names: Vec<_> = std::fs::read_dir(&early)
             .unwrap()
@@ -443,6 +446,14 @@ fn a_lazy_volume_starts_while_the_dataset_hydrates_and_the_next_pod_after_ready_
     );
     assert_eq!(mounts_on(&early), 2, "the view stays underneath");
     assert_eq!(read_tree(&early), shards, "the first pod reads on");
+    // The view underneath settles: the kernel opens its files without asking the plugin.
+    let in_view = PathBuf::from(format!("/proc/self/fd/{}", view.as_raw_fd()));
+    for _ in 0..2 {
+        assert_eq!(read_tree(&in_view), shards, "through the view, once whole");
+    }
+    let said = "the kernel opens its files without asking";
+    assert_eq!(csi.log().matches(said).count(), 1, "{}", csi.log());
+    drop(view);
     csi.publish(&volume("vol-1", "uid-1", "lazy", &early))
         .expect("idempotent");
     // A restart of the plugin ends the view underneath, not the snapshot bound over it: the
