@@ -322,6 +322,22 @@ pub(crate) mod test_support {
         S3Source::for_settings(settings, Arc::default()).await
     }
 
+    /// The object the scripted servers answer for.
+    pub(crate) const OBJECT: ObjectRef<'static> = ObjectRef {
+        bucket: "b",
+        key: "k",
+        version_id: None,
+        etag: "\"e\"",
+    };
+
+    /// GETs the first `len` bytes of [`OBJECT`] and reads the body.
+    pub(crate) async fn get(lean: &LeanGets, len: u64) -> Option<std::io::Result<Vec<u8>>> {
+        use tokio::io::AsyncReadExt;
+        let mut response = lean.get(&OBJECT, Some(0..len)).await?;
+        let mut body = Vec::new();
+        Some(response.body.read_to_end(&mut body).await.map(|_| body))
+    }
+
     /// The lean path `settings` give (if any), and the answers it records.
     pub(crate) async fn lean_for(settings: &ClientSettings) -> (Option<LeanGets>, Arc<Responses>) {
         let responses = Arc::new(Responses::default());

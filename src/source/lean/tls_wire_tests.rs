@@ -10,14 +10,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rustls::{CipherSuite, ServerConfig, SupportedProtocolVersion};
-use tokio::io::AsyncReadExt;
 
 use super::connections::{Connections, Origin};
 use super::exchange::{request_head, round_trip};
-use super::test_support::{lean_for, settings};
+use super::test_support::{get, lean_for, settings};
 use super::LeanGets;
 use crate::source::client::StaticCredentials;
-use crate::source::object_source::ObjectRef;
 
 // Its `server_config` serves every version; these tests build theirs per version and cipher.
 #[allow(dead_code)]
@@ -192,20 +190,6 @@ async fn lean(endpoint: &str, ca: Vec<u8>) -> LeanGets {
     let mut settings = settings(endpoint, credentials);
     settings.ca_bundle = Some(ca);
     lean_for(&settings).await.0.expect("an HTTPS endpoint")
-}
-
-const OBJECT: ObjectRef<'static> = ObjectRef {
-    bucket: "b",
-    key: "k",
-    version_id: None,
-    etag: "\"e\"",
-};
-
-/// GETs the first `len` bytes and reads the body.
-async fn get(lean: &LeanGets, len: u64) -> Option<std::io::Result<Vec<u8>>> {
-    let mut response = lean.get(&OBJECT, Some(0..len)).await?;
-    let mut body = Vec::new();
-    Some(response.body.read_to_end(&mut body).await.map(|_| body))
 }
 
 #[tokio::test]

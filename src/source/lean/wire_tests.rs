@@ -8,12 +8,11 @@ use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use super::test_support::{lean_for, settings, source_for};
+use super::test_support::{get, lean_for, settings, source_for, OBJECT};
 use super::LeanGets;
 use crate::error::{PartError, ProtocolError};
 use crate::source::client::{Responses, StaticCredentials};
 use crate::source::fetch::{get_range, PinnedObject};
-use crate::source::object_source::ObjectRef;
 
 const BODY: &[u8] = b"0123456789abcdefghij";
 
@@ -85,20 +84,6 @@ async fn lean(endpoint: &str) -> (LeanGets, Arc<Responses>) {
     };
     let (lean, responses) = lean_for(&settings(endpoint, credentials)).await;
     (lean.expect("an HTTP endpoint"), responses)
-}
-
-const OBJECT: ObjectRef<'static> = ObjectRef {
-    bucket: "b",
-    key: "k",
-    version_id: None,
-    etag: "\"e\"",
-};
-
-/// GETs the first `len` bytes and reads the body.
-async fn get(lean: &LeanGets, len: u64) -> Option<std::io::Result<Vec<u8>>> {
-    let mut response = lean.get(&OBJECT, Some(0..len)).await?;
-    let mut body = Vec::new();
-    Some(response.body.read_to_end(&mut body).await.map(|_| body))
 }
 
 #[tokio::test]
