@@ -32,8 +32,8 @@
 //!   kernel holds is then read with no round trip at all, as a pod that keeps the view after
 //!   READY rereads its epochs; a page it lacks is one read here from the local file. The price:
 //!   those pages are cached twice (the view's and the local file's), and a file opened after
-//!   that reads only while this process (or a later one of the view) serves, where a
-//!   passthrough file reads on from the kernel alone.
+//!   that needs this process (or a later one of the view) for every page the kernel does not
+//!   hold, where a passthrough file reads on from the kernel alone.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::OsStr;

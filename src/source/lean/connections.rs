@@ -1,9 +1,10 @@
 //! The lean path's connections: TCP, or TLS over it (`handshake`, then `records`) with the
-//! configuration the SDK's client trusts (`source::tls`), kept open between GETs. A connection goes back to the pool only after
-//! its response was read to the end with nothing left over, so a pooled one is always at a
-//! request boundary; one that has since been closed, or has bytes nobody asked for, is dropped
-//! when taken. One the server closes just as a request goes out fails before an answer;
-//! `LeanGets::ask` then asks again on a new connection (a GET is safe to repeat).
+//! configuration the SDK's client trusts (`source::tls`), kept open between GETs. A connection
+//! goes back to the pool only after its response was read to the end with nothing left over, so
+//! a pooled one is always at a request boundary; one that has since been closed, or has bytes
+//! nobody asked for, is dropped when taken. One the server closes just as a request goes out
+//! fails before an answer; `LeanGets::ask` then asks again on a new connection (a GET is safe
+//! to repeat).
 
 use std::collections::HashMap;
 use std::io;

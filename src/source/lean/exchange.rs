@@ -3,9 +3,10 @@
 //! buffer. Through `hyper` each byte was copied twice in user space (from the socket into
 //! hyper's read buffer, then from the `Bytes` it hands out into the engine's pooled buffer: 17 %
 //! of a large download's CPU); here, over plain HTTP, the kernel's copy out of the socket is the
-//! only one, and over TLS the copy out of the buffer each record is decrypted in (`records`). Only an answer framed by
-//! `Content-Length` alone is taken (what S3 servers send to a GET); its body is read to exactly
-//! that length, so a connection goes back to the pool at a request boundary.
+//! only one, and over TLS the copy out of the buffer each record is decrypted in (`records`).
+//! Only an answer framed by `Content-Length` alone is taken (what S3 servers send to a GET);
+//! its body is read to exactly that length, so a connection goes back to the pool at a request
+//! boundary.
 
 use std::io;
 use std::pin::Pin;

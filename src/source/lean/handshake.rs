@@ -15,7 +15,7 @@ use rustls::ClientConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::records::{tls_error, TlsRecords};
+use super::records::{invalid, tls_error, TlsRecords};
 
 /// The server's flights are read into a buffer this large at first; it grows to
 /// `MAX_FLIGHT` for a long certificate chain.
@@ -45,10 +45,7 @@ pub(super) async fn handshake(
             }
             ConnectionState::BlockedHandshake => read = true,
             ConnectionState::WriteTraffic(_) => done = true,
-            state => {
-                let what = format!("TLS: {state:?} during the handshake");
-                return Err(io::Error::new(io::ErrorKind::InvalidData, what));
-            }
+            state => return Err(invalid(format!("{state:?} during the handshake"))),
         }
         incoming.copy_within(discard..used, 0);
         used -= discard;
@@ -58,8 +55,7 @@ pub(super) async fn handshake(
         if read {
             if used == incoming.len() {
                 if used >= MAX_FLIGHT {
-                    let large = "TLS: the server's handshake is too large";
-                    return Err(io::Error::new(io::ErrorKind::InvalidData, large));
+                    return Err(invalid("the server's handshake is too large"));
                 }
                 incoming.resize(used * 2, 0);
             }
@@ -90,7 +86,7 @@ fn encode(
                 return Ok(());
             }
             Err(EncodeError::InsufficientSize(size)) => room = size.required_size,
-            Err(err) => return Err(io::Error::new(io::ErrorKind::InvalidData, err)),
+            Err(err) => return Err(invalid(err)),
         }
     }
 }

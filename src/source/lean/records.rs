@@ -1,12 +1,13 @@
 //! TLS records on a lean connection once rustls has done the handshake (`handshake`): rustls
 //! keeps the keys, the session tickets and key updates (its kernel-connection API, made for
 //! kernel TLS), and its own record ciphers seal and open the records; this module only frames
-//! them. The point is the read side: rustls's own connection reads the socket 4 KiB at a time,
-//! decrypts each record in place and then copies its plaintext into a new allocation, which the
-//! reader copies again (a quarter of a large download's CPU over HTTPS, and up to 20 reads per
-//! 64 KiB object). Here the socket is read into one buffer per connection, sized for several
-//! whole records, each record is decrypted in place there and its plaintext copied once, into the
-//! caller's buffer: no allocation per record, and a read per few records.
+//! them. The point is the read side: rustls's own connection reads the socket 4 KiB at a time
+//! (16 to 20 reads for a 64 KiB object), decrypts each record in place and then copies its
+//! plaintext into a new allocation, which the reader copies again (13 % of a 2 GiB download's
+//! samples over HTTPS in user-space copies, 2 % in freeing). Here the socket is read into one
+//! buffer per connection, sized for several whole records, each record is decrypted in place
+//! there and its plaintext copied once, into the caller's buffer: no allocation per record, and
+//! a read per few records.
 //!
 //! What the record layer owes the HTTP layer above: a connection that ends without a
 //! `close_notify` (truncation) or mid-record is an error, never an end of stream; `close_notify`
@@ -86,7 +87,7 @@ impl TlsRecords {
         let (write_seq, tx) = secrets.tx;
         let (read_seq, rx) = secrets.rx;
         if early.len() > INPUT {
-            return Err(invalid("more than a record past the handshake".to_string()));
+            return Err(invalid(format!("{} bytes past the handshake", early.len())));
         }
         let mut input = vec![0; INPUT].into_boxed_slice();
         input[..early.len()].copy_from_slice(early);
@@ -96,7 +97,7 @@ impl TlsRecords {
             suite,
             decrypter: decrypter(suite, rx)?,
             read_seq,
-            encrypter: encrypter_at(suite, tx, write_seq)?,
+            encrypter: encrypter(suite, tx, write_seq)?,
             write_seq,
             input,
             start: 0,
@@ -163,7 +164,7 @@ impl TlsRecords {
         let seq = self.read_seq;
         self.read_seq = seq
             .checked_add(1)
-            .ok_or_else(|| invalid("the read sequence wrapped".to_string()))?;
+            .ok_or_else(|| invalid("the read sequence wrapped"))?;
         let base = self.input.as_ptr() as usize;
         let message = InboundOpaqueMessage::new(typ, version, &mut self.input[payload]);
         let opened = self.decrypter.decrypt(message, seq).map_err(tls_error)?;
@@ -184,7 +185,7 @@ impl TlsRecords {
     /// An alert: `close_notify` ends the stream, any other fails it.
     fn alert(&mut self, plain: Range<usize>) -> io::Result<()> {
         let &[_level, description] = &self.input[plain] else {
-            return Err(invalid("a malformed alert".to_string()));
+            return Err(invalid("a malformed alert"));
         };
         match AlertDescription::from(description) {
             AlertDescription::CloseNotify => {
@@ -219,12 +220,12 @@ impl TlsRecords {
                     let requested = match body {
                         [0] => false,
                         [1] => true,
-                        _ => return Err(invalid("a malformed key update".to_string())),
+                        _ => return Err(invalid("a malformed key update")),
                     };
                     if rest.len() > length {
                         // RFC 8446 §5.1: a key change ends its record; the next record is
                         // under the new key.
-                        return Err(invalid("a key update not at a record's end".to_string()));
+                        return Err(invalid("a key update not at a record's end"));
                     }
                     let (seq, rx) = self.kernel.update_rx_secret().map_err(tls_error)?;
                     self.decrypter = decrypter(self.suite, rx)?;
@@ -294,9 +295,7 @@ impl TlsRecords {
             SupportedCipherSuite::Tls12(suite) => suite.common.confidentiality_limit,
         };
         if self.write_seq >= limit {
-            return Err(invalid(
-                "the key's confidentiality limit is reached".to_string(),
-            ));
+            return Err(invalid("the key's confidentiality limit is reached"));
         }
         let message = OutboundPlainMessage {
             typ,
@@ -317,7 +316,7 @@ impl TlsRecords {
         // KeyUpdate, 1 byte long: update_not_requested.
         self.seal(ContentType::Handshake, &[24, 0, 0, 1, 0])?;
         let (seq, tx) = self.kernel.update_tx_secret().map_err(tls_error)?;
-        self.encrypter = encrypter(self.suite, tx)?;
+        self.encrypter = encrypter(self.suite, tx, seq)?;
         self.write_seq = seq;
         self.update_ours = false;
         Ok(())
@@ -380,31 +379,6 @@ impl AsyncWrite for TlsRecords {
     }
 }
 
-/// rustls's record sealer for `suite` with `secrets`, whose next record is `next_seq`.
-///
-/// Why the throwaway record: aws-lc's sealing key checks that each nonce comes after the last
-/// one, counting from the first it seals as sequence 0. TLS 1.2 hands its key over after the
-/// Finished message was sealed with it at sequence 0, so a new sealer would take sequence 1 as
-/// its 0 and refuse the third record. One record sealed at 0 and dropped (never sent: a nonce
-/// used twice on the wire would be a break, one used for nothing is not) starts its count
-/// where the connection's is.
-fn encrypter_at(
-    suite: SupportedCipherSuite,
-    secrets: ConnectionTrafficSecrets,
-    next_seq: u64,
-) -> io::Result<Box<dyn MessageEncrypter>> {
-    let mut encrypter = encrypter(suite, secrets)?;
-    if next_seq > 0 {
-        let throwaway = OutboundPlainMessage {
-            typ: ContentType::ApplicationData,
-            version: ProtocolVersion::TLSv1_2,
-            payload: OutboundChunks::Single(&[]),
-        };
-        encrypter.encrypt(throwaway, 0).map_err(tls_error)?;
-    }
-    Ok(encrypter)
-}
-
 /// The key and IV of a direction's secrets.
 fn key_and_iv(
     secrets: ConnectionTrafficSecrets,
@@ -413,7 +387,7 @@ fn key_and_iv(
         ConnectionTrafficSecrets::Aes128Gcm { key, iv }
         | ConnectionTrafficSecrets::Aes256Gcm { key, iv }
         | ConnectionTrafficSecrets::Chacha20Poly1305 { key, iv } => Ok((key, iv)),
-        _ => Err(invalid("a cipher without extractable keys".to_string())),
+        _ => Err(invalid("a cipher without extractable keys")),
     }
 }
 
@@ -433,13 +407,22 @@ fn decrypter(
     })
 }
 
-/// rustls's record sealer for `suite` with `secrets` (see `decrypter`).
+/// rustls's record sealer for `suite` with `secrets` (see `decrypter`), whose next record is
+/// `next_seq`.
+///
+/// Why a throwaway record when `next_seq` is not 0: aws-lc's sealing key checks that each nonce
+/// comes after the last one, counting from the first it seals as sequence 0. TLS 1.2 hands its
+/// key over after the Finished message was sealed with it at sequence 0, so a new sealer would
+/// take sequence 1 as its 0 and refuse the third record. One record sealed at 0 and dropped
+/// (never sent: a nonce used twice on the wire would be a break, one used for nothing is not)
+/// starts its count where the connection's is.
 fn encrypter(
     suite: SupportedCipherSuite,
     secrets: ConnectionTrafficSecrets,
+    next_seq: u64,
 ) -> io::Result<Box<dyn MessageEncrypter>> {
     let (key, iv) = key_and_iv(secrets)?;
-    Ok(match suite {
+    let mut encrypter = match suite {
         SupportedCipherSuite::Tls13(suite) => suite.aead_alg.encrypter(key, iv),
         SupportedCipherSuite::Tls12(suite) => {
             let shape = suite.aead_alg.key_block_shape();
@@ -447,10 +430,19 @@ fn encrypter(
             let explicit = &explicit[..shape.explicit_nonce_len];
             suite.aead_alg.encrypter(key, fixed, explicit)
         }
-    })
+    };
+    if next_seq > 0 {
+        let throwaway = OutboundPlainMessage {
+            typ: ContentType::ApplicationData,
+            version: ProtocolVersion::TLSv1_2,
+            payload: OutboundChunks::Single(&[]),
+        };
+        encrypter.encrypt(throwaway, 0).map_err(tls_error)?;
+    }
+    Ok(encrypter)
 }
 
-fn invalid(what: String) -> io::Error {
+pub(super) fn invalid(what: impl std::fmt::Display) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, format!("TLS: {what}"))
 }
 
