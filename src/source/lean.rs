@@ -322,6 +322,24 @@ pub(crate) mod test_support {
         S3Source::for_settings(settings, Arc::default()).await
     }
 
+    /// An object body of 300,000 + `n` bytes.
+    pub(crate) fn large(n: usize) -> Vec<u8> {
+        (0..300_000 + n).map(|i| (i % 251) as u8).collect()
+    }
+
+    /// A 206 with `body` as the start of an object (whose length the lean path does not
+    /// check), with `headers` (each ending in CRLF) added to its head.
+    pub(crate) fn partial(body: &[u8], headers: &str) -> Vec<u8> {
+        let head = format!(
+            "HTTP/1.1 206 Partial Content\r\ncontent-length: {}\r\ncontent-range: bytes 0-{}/{}\r\n\
+             etag: \"e\"\r\n{headers}\r\n",
+            body.len(),
+            body.len() - 1,
+            body.len()
+        );
+        [head.as_bytes(), body].concat()
+    }
+
     /// The object the scripted servers answer for.
     pub(crate) const OBJECT: ObjectRef<'static> = ObjectRef {
         bucket: "b",

@@ -13,7 +13,7 @@ use rustls::{CipherSuite, ServerConfig, SupportedProtocolVersion};
 
 use super::connections::{Connections, Origin};
 use super::exchange::{request_head, round_trip};
-use super::test_support::{get, lean_for, settings};
+use super::test_support::{get, large, lean_for, partial, settings};
 use super::LeanGets;
 use crate::source::client::StaticCredentials;
 
@@ -62,22 +62,6 @@ const TLS12: Server = Server {
     version: &rustls::version::TLS12,
     ..TLS13
 };
-
-fn large(n: usize) -> Vec<u8> {
-    (0..300_000 + n).map(|i| (i % 251) as u8).collect()
-}
-
-/// A 206 with `body` as the start of an object.
-fn partial(body: &[u8]) -> Vec<u8> {
-    let head = format!(
-        "HTTP/1.1 206 Partial Content\r\ncontent-length: {}\r\ncontent-range: bytes 0-{}/{}\r\n\
-         etag: \"e\"\r\n\r\n",
-        body.len(),
-        body.len() - 1,
-        body.len()
-    );
-    [head.as_bytes(), body].concat()
-}
 
 fn config(server: Server, authority: &authority::Authority) -> ServerConfig {
     let mut provider = rustls::crypto::aws_lc_rs::default_provider();
@@ -221,7 +205,7 @@ async fn gets_follow_one_another_on_a_connection_in_every_version_and_cipher() {
     ] {
         // Bodies of many records, of lengths that differ by a byte.
         let (endpoint, ca, connections, _) = scripted(server, |n| Answer {
-            plaintext: partial(&large(n)),
+            plaintext: partial(&large(n), ""),
             end: End::KeepOpen,
         });
         let lean = lean(&endpoint, ca).await;
@@ -247,6 +231,7 @@ async fn records_split_across_reads_are_put_together() {
                         0 => 1_000,
                         _ => 40_000 + n,
                     }],
+                    "",
                 ),
                 end: End::KeepOpen,
             });
@@ -268,7 +253,7 @@ async fn records_split_across_reads_are_put_together() {
 async fn a_connection_cut_without_close_notify_mid_body_fails_the_body() {
     for (server, name) in [(TLS13, "TLS 1.3"), (TLS12, "TLS 1.2")] {
         let (endpoint, ca, _, _) = scripted(server, |_| {
-            let mut plaintext = partial(&large(0));
+            let mut plaintext = partial(&large(0), "");
             plaintext.truncate(plaintext.len() - 5);
             Answer {
                 plaintext,
@@ -289,7 +274,7 @@ async fn a_connection_cut_without_close_notify_mid_body_fails_the_body() {
 async fn a_close_notify_mid_body_fails_the_body_with_what_was_missing() {
     for (server, name) in [(TLS13, "TLS 1.3"), (TLS12, "TLS 1.2")] {
         let (endpoint, ca, _, _) = scripted(server, |_| {
-            let mut plaintext = partial(BODY);
+            let mut plaintext = partial(BODY, "");
             plaintext.truncate(plaintext.len() - 5);
             Answer {
                 plaintext,
@@ -312,8 +297,8 @@ async fn bytes_after_the_body_in_its_own_record_keep_the_connection_from_the_poo
         // as the second GET's answer, it would hand over its X's.
         let (endpoint, ca, connections, _) = scripted(server, |n| Answer {
             plaintext: match n {
-                0 => [partial(BODY), partial(&[b'X'; 20])].concat(),
-                _ => partial(BODY),
+                0 => [partial(BODY, ""), partial(&[b'X'; 20], "")].concat(),
+                _ => partial(BODY, ""),
             },
             end: End::KeepOpen,
         });
@@ -335,7 +320,7 @@ async fn a_fatal_alert_after_the_handshake_fails_the_get() {
         ..TLS13
     };
     let (endpoint, ca, _, requests) = scripted(server, |_| Answer {
-        plaintext: partial(BODY),
+        plaintext: partial(BODY, ""),
         end: End::KeepOpen,
     });
     let config = crate::source::tls::client_config(Some(&ca), false);

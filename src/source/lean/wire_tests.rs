@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use super::test_support::{get, lean_for, settings, source_for, OBJECT};
+use super::test_support::{get, large, lean_for, partial, settings, source_for, OBJECT};
 use super::LeanGets;
 use crate::error::{PartError, ProtocolError};
 use crate::source::client::{Responses, StaticCredentials};
@@ -21,22 +21,6 @@ struct Answer {
     bytes: Vec<u8>,
     /// Close the connection after it, without saying so.
     then_close: bool,
-}
-
-fn large(n: usize) -> Vec<u8> {
-    (0..300_000 + n).map(|i| (i % 251) as u8).collect()
-}
-
-/// A 206 with `body` as the start of an object (whose length the lean path does not check).
-fn partial(body: &[u8], headers: &str) -> Vec<u8> {
-    let head = format!(
-        "HTTP/1.1 206 Partial Content\r\ncontent-length: {}\r\ncontent-range: bytes 0-{}/{}\r\n\
-         etag: \"e\"\r\n{headers}\r\n",
-        body.len(),
-        body.len() - 1,
-        body.len()
-    );
-    [head.as_bytes(), body].concat()
 }
 
 /// A server on a local port answering with `script`; returns its endpoint and counts of the
