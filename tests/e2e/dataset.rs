@@ -70,10 +70,16 @@ fn kill_9_at_random_points_then_resume() {
     // durable (at most 32 MiB or 100 ms), plus what sat in loopback socket buffers.
     let bound = concurrency * part_size + (32 << 20) + concurrency * (4 << 20);
 
-    let started = Instant::now();
-    let (_tmp, calibration) = temp_dest();
-    server.sync("resume/", &calibration, &args).assert_code(0);
-    let full_run = started.elapsed();
+    // A whole run's length, to aim the kills inside it: the quicker of two runs (the first pays
+    // for cold caches), shortened below whenever a kill comes too late, since a loaded machine
+    // can make a calibration run far slower than the rounds that follow it.
+    let mut full_run = Duration::MAX;
+    for _ in 0..2 {
+        let started = Instant::now();
+        let (_tmp, calibration) = temp_dest();
+        server.sync("resume/", &calibration, &args).assert_code(0);
+        full_run = full_run.min(started.elapsed());
+    }
     let mut resumed_total = 0;
     let mut killed = 0;
     for round in 0..rounds {
@@ -99,8 +105,9 @@ fn kill_9_at_random_points_then_resume() {
         let _ = child.wait();
         if ready(&dest).is_some() {
             // The kill came after READY: READY must then be telling the truth.
-            eprintln!("round {round}: the run had finished before the kill");
+            eprintln!("round {round}: the run had finished before the kill at {kill_at:?}");
             assert_mirror(&dest, &expected);
+            full_run = kill_at.mul_f64(0.8);
             continue;
         }
         killed += 1;
