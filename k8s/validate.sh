@@ -25,9 +25,14 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 KUBERNETES_VERSION=1.32.0
-if ! command -v kubectl >/dev/null; then
-  echo "k8s/validate.sh: kubectl (with its built-in kustomize) is needed to render k8s/" >&2
-  exit 1
+# The renders are made with this kustomize (the one kubectl 1.32 carries): kubectl's own where
+# it is this version, else the standalone CLI, installed by tests/install-kustomize.sh.
+KUSTOMIZE_VERSION=v5.5.0
+if kubectl version --client 2>/dev/null | grep -qx "Kustomize Version: $KUSTOMIZE_VERSION"; then
+  kustomize=(kubectl kustomize)
+else
+  bash ../tests/install-kustomize.sh
+  kustomize=("$HOME/.cache/hydrator-tests/kustomize/bin/kustomize" build)
 fi
 if ! command -v kubernetes-validate >/dev/null; then
   python3 -m pip install -q --disable-pip-version-check kubernetes-validate
@@ -41,7 +46,7 @@ done < <(find . -name kustomization.yaml -printf '%h\n' | sed 's|^\./||' | sort)
 renders=()
 for tree in "${trees[@]}"; do
   out="$rendered/k8s$([ "$tree" = . ] || echo "/$tree" | tr '/' '+').yaml"
-  kubectl kustomize "$tree" > "$out"
+  "${kustomize[@]}" "$tree" > "$out"
   renders+=("$tree=$out")
   echo "k8s/validate.sh: rendered $tree: $(grep -c '^kind:' "$out") resources"
 done
@@ -113,7 +118,7 @@ def containers(pod):
 
 for required in (".", "examples/init-container", "examples/warm-job", "examples/csi-job",
                  "overlays/io-uring", "overlays/prometheus", "overlays/p2p", "overlays/kueue",
-                 "examples/kueue-job"):
+                 "examples/kueue-job", "overlays/cache-path"):
     if required not in renders:
         problem(required, "no kustomization.yaml: this tree is expected")
 
@@ -123,8 +128,35 @@ cache_nodes = daemonsets[0]["spec"]["template"]["spec"].get("nodeSelector", {}) 
 if not cache_nodes:
     problem(".", "the DaemonSet selects no nodes (nodeSelector): the node label is its contract")
 
+# The cache's directory: the node's side is the hostPath of the DaemonSet's `cache` volume and
+# nothing else; the containers' side is the catalog's cache.root in every render.
+def cache_sides(docs):
+    import tomllib
+    node, inside, root = set(), set(), set()
+    for doc in docs:
+        if doc["kind"] == "ConfigMap" and "catalog.toml" in doc.get("data", {}):
+            root.add(tomllib.loads(doc["data"]["catalog.toml"])["cache"]["root"])
+        if doc["kind"] == "DaemonSet" and doc["metadata"]["name"] == "hydrator":
+            pod = pod_spec(doc)
+            node |= {v["hostPath"]["path"] for v in pod["volumes"] if v["name"] == "cache"}
+            inside |= {m["mountPath"] for c in containers(pod) for m in c.get("volumeMounts", [])
+                       if m["name"] == "cache"}
+    return node, inside, root
+for tree, docs in renders.items():
+    node, inside, root = cache_sides(docs)
+    if node and inside != root:
+        problem(tree, f"the cache is mounted at {sorted(inside)} in the containers, but the "
+                      f"catalog's cache.root is {sorted(root)}")
+    if len(node) > 1:
+        problem(tree, f"the DaemonSet's cache volume names several node directories: {sorted(node)}")
+moved, _, _ = cache_sides(renders.get("overlays/cache-path", []))
+if moved & set(CACHE_PATHS) or not moved:
+    problem("overlays/cache-path", f"the cache's node directory is {sorted(moved)}: the overlay "
+                                   f"must move it off {CACHE_PATHS[1]}")
+
 restricted_pods, csi_readers = 0, {}
 for tree, docs in renders.items():
+    node_cache_paths = set(CACHE_PATHS) | cache_sides(docs)[0]
     # Namespaces: created in this render, or well known.
     created = {d["metadata"]["name"] for d in docs if d["kind"] == "Namespace"}
     enforced = {d["metadata"]["name"]: d["metadata"].get("labels", {}).get(
@@ -230,7 +262,7 @@ for tree, docs in renders.items():
                 problem(tree, f"{name} uses ConfigMap {config_map}, which neither the render nor "
                               f"the kustomization's comment creates")
         # Pods of the node cache's users run where the cache is.
-        uses_cache = any(v.get("hostPath", {}).get("path") in CACHE_PATHS for v in volumes) or any(
+        uses_cache = any(v.get("hostPath", {}).get("path") in node_cache_paths for v in volumes) or any(
             v.get("csi", {}).get("driver") == CSI_DRIVER for v in volumes)
         if uses_cache and doc["kind"] != "DaemonSet" and not (
                 cache_nodes and cache_nodes.items() <= pod.get("nodeSelector", {}).items()):

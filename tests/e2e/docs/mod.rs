@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 
 mod behaviour;
 mod catalogs;
+mod claims;
 mod links;
 mod outputs;
 mod shell;
