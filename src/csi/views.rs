@@ -13,11 +13,10 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-
 use super::keeper::{Keeper, KeeperError, KeptView};
 use super::lazy::{self, Serving};
-use crate::mount::view::Health;
 use crate::daemon_client::Client;
+use crate::mount::view::Health;
 
 /// Why the keeper was not given a view.
 #[derive(Debug, thiserror::Error)]

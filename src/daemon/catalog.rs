@@ -843,7 +843,10 @@ mod tests {
     fn a_dataset_may_forbid_lazy_readers_unchecked_bytes() {
         let catalog = parse(GOOD, env).unwrap();
         assert!(catalog.datasets["imagenet"].stream_unchecked, "the default");
-        let whole = GOOD.replace("start = \"lazy\"", "start = \"lazy\"\nstream_unchecked = false");
+        let whole = GOOD.replace(
+            "start = \"lazy\"",
+            "start = \"lazy\"\nstream_unchecked = false",
+        );
         let catalog = parse(&whole, env).unwrap();
         assert!(!catalog.datasets["imagenet"].stream_unchecked);
         assert!(catalog.datasets["coco"].stream_unchecked);

@@ -287,7 +287,10 @@ mod tests {
         streams.start(0, 8, (16 * MIB, 8 * MIB), [0, 1]);
         assert!(streams.readable_now(0, &(0..1)).is_some());
         streams.discarded(0, 9);
-        assert!(streams.readable_now(0, &(0..1)).is_some(), "another attempt's");
+        assert!(
+            streams.readable_now(0, &(0..1)).is_some(),
+            "another attempt's"
+        );
         streams.discarded(0, 8);
         assert_eq!(streams.readable_now(0, &(0..1)), None);
         let mut told = streams.wait(0, 0..1);

@@ -1170,7 +1170,7 @@ mod tests {
         PartialFile {
             inode: file.metadata().unwrap().ino(),
             file: Arc::new(file),
-            runs: vec![0..10],
+            runs: std::iter::once(0..10).collect(),
             serial,
             confirmed: true,
         }

@@ -1088,7 +1088,9 @@ fn a_lazy_volume_fails_the_handles_that_read_bytes_the_checksum_rejected_and_say
             .ranges_from(8 << 20)
             .times(2),
     );
-    server.faults.add(Rule::get("/flip/", Fault::CorruptBody(4321)));
+    server
+        .faults
+        .add(Rule::get("/flip/", Fault::CorruptBody(4321)));
     let text = csi_catalog(dir.path(), &server, "1GiB", &["flip"]);
     let daemon = Daemon::start(dir.path(), &server.target, &text);
     let csi = Csi::start(dir.path(), &daemon);

@@ -666,7 +666,10 @@ const FLIPPED: usize = 12_345;
 /// file opened meanwhile waits for it.
 fn rejected_then_fetched_again(server: &Server, prefix: &str, stall: Duration) -> Vec<u8> {
     let big = content(77, 4 * MIB);
-    server.seed(prefix, &BTreeMap::from([("big.bin".to_string(), big.clone())]));
+    server.seed(
+        prefix,
+        &BTreeMap::from([("big.bin".to_string(), big.clone())]),
+    );
     let faults = &server.faults;
     faults.add(
         Rule::get("big.bin", Fault::StallBody(0, stall))
@@ -690,7 +693,10 @@ fn a_handle_that_read_bytes_the_checksum_then_rejected_gets_eio_and_never_those_
     let reader = std::fs::File::open(mount.path("big.bin")).unwrap();
     let idle = std::fs::File::open(mount.path("big.bin")).unwrap();
     let head = read_at(&reader, 0, 64 << 10).unwrap();
-    assert_ne!(head[FLIPPED], big[FLIPPED], "the first attempt's byte was served");
+    assert_ne!(
+        head[FLIPPED], big[FLIPPED],
+        "the first attempt's byte was served"
+    );
     assert!(head[..FLIPPED] == big[..FLIPPED]);
 
     // The full-object checksum rejects the attempt; a file opened during the refetch waits
