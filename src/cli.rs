@@ -366,6 +366,11 @@ pub struct MountArgs {
     /// passthrough): slower, for kernels whose passthrough misbehaves.
     #[arg(long, env = "HYDRATOR_NO_PASSTHROUGH", hide_env_values = true, value_parser = clap::builder::BoolishValueParser::new())]
     pub no_passthrough: bool,
+    /// Open a file only once it is whole and verified: no byte of a file still downloading
+    /// is read before the whole-file checks (BLAKE3 against a seal, the server's full-object
+    /// checksum, --check-md5) have passed.
+    #[arg(long, env = "HYDRATOR_NO_STREAM_UNCHECKED", hide_env_values = true, value_parser = clap::builder::BoolishValueParser::new())]
+    pub no_stream_unchecked: bool,
     #[command(flatten)]
     pub options: SyncOptions,
 }

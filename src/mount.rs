@@ -50,6 +50,7 @@ const WATCH_BIND: Duration = Duration::from_secs(1);
 /// code (3 when stopped before the dataset was complete: the next run resumes).
 pub(crate) async fn run(args: MountArgs) -> Result<Exit, SyncError> {
     let (allow_other, passthrough) = (args.allow_other, !args.no_passthrough);
+    let whole_only = args.no_stream_unchecked;
     let (cfg, mountpoint) = args.into_config()?;
     check_mountpoint(&mountpoint, &cfg.dest)?;
     let (budget, controller) = Budget::new(
@@ -61,7 +62,7 @@ pub(crate) async fn run(args: MountArgs) -> Result<Exit, SyncError> {
         Arc::new(S3Source::for_settings(cfg.client_settings(), responses).await);
     let listed = list_all(&cfg, &source).await?;
     let (tree, keys) = plan_view(&cfg, &listed)?;
-    let schedule = Arc::new(Schedule::new(keys));
+    let schedule = Arc::new(Schedule::new(keys).whole_files_only(whole_only));
     let (stop, stopped) = watch::channel(false);
     let hooks = Hooks {
         budget: Some(budget),

@@ -34,7 +34,7 @@ use crate::daemon_client::{explain, percent_encode, CallError, Client};
 use crate::engine::streams::{RangeWanted, Readable};
 use crate::mount::backings::BackingJournal;
 use crate::mount::tree::{FileNode, Tree};
-use crate::mount::view::{LazyView, Wants};
+use crate::mount::view::{Health, LazyView, Wants};
 use crate::plan::filter::KeyFilter;
 use crate::source::list::ObjectEntry;
 use crate::write::dest::Dest;
@@ -44,9 +44,15 @@ const PATIENCE: Duration = Duration::from_secs(300);
 /// The pause between two asks while the daemon is away.
 const RETRY: Duration = Duration::from_secs(1);
 
+/// A view being served: what fires when its session ends, and what its readers met.
+pub(crate) struct Serving {
+    pub ended: oneshot::Receiver<()>,
+    pub health: Health,
+}
+
 /// Mounts the lazy view of `snapshot` of `dataset` (whose directory is `dir`) at `target`,
 /// created if missing, and serves it until it is unmounted; returns what the keeper needs to
-/// keep it, a duplicate of its connection, and what fires when its session ends.
+/// keep it, a duplicate of its connection, and the view being served.
 pub(crate) async fn publish(
     client: Arc<Client>,
     volume: &str,
@@ -55,11 +61,12 @@ pub(crate) async fn publish(
     dir: &Path,
     target: &Target,
     journal: &Path,
-) -> std::io::Result<(KeptView, OwnedFd, oneshot::Receiver<()>)> {
+) -> std::io::Result<(KeptView, OwnedFd, Serving)> {
     let journal = BackingJournal::create(journal)?;
     let view = view_of(client, dataset, snapshot, dir)
         .await?
         .with_journal(journal);
+    let health = view.health();
     target.create_dir()?;
     let fsname = format!("hydrator:{dataset}");
     let pinned = target.pin()?;
@@ -73,7 +80,11 @@ pub(crate) async fn publish(
         dir: dir.to_path_buf(),
         passthrough: served.passthrough,
     };
-    Ok((kept, served.fuse, served.ended))
+    let serving = Serving {
+        ended: served.ended,
+        health,
+    };
+    Ok((kept, served.fuse, serving))
 }
 
 /// Serves again a view a previous life of the plugin mounted, on `fuse`, its connection kept by
@@ -84,7 +95,7 @@ pub(crate) async fn resume(
     kept: &KeptView,
     fuse: OwnedFd,
     journal: &Path,
-) -> Result<oneshot::Receiver<()>, ResumeError> {
+) -> Result<Serving, ResumeError> {
     let journal = BackingJournal::reopen(journal)?;
     let view = match view_of(client.clone(), &kept.dataset, &kept.snapshot, &kept.dir).await {
         Ok(view) => view.with_journal(journal),
@@ -93,7 +104,9 @@ pub(crate) async fn resume(
             empty_view(&kept.dir)?
         }
     };
-    Ok(crate::mount::resume::resume(view, fuse, kept.passthrough)?)
+    let health = view.health();
+    let ended = crate::mount::resume::resume(view, fuse, kept.passthrough)?;
+    Ok(Serving { ended, health })
 }
 
 /// Why a kept view could not be served again.

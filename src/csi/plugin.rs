@@ -338,7 +338,7 @@ impl Plugin {
         };
         if volume.lazy {
             let client = self.client.clone();
-            let (kept, fuse, ended) = lazy::publish(
+            let (kept, fuse, serving) = lazy::publish(
                 client,
                 &volume.id,
                 &volume.dataset,
@@ -349,7 +349,7 @@ impl Plugin {
             )
             .await
             .map_err(mounting)?;
-            self.views.serve(kept, fuse, ended, false).await;
+            self.views.serve(kept, fuse, serving, false).await;
         } else {
             target.bind_read_only(&dir).map_err(mounting)?;
         }
@@ -517,6 +517,19 @@ impl Plugin {
         }
         if let Some(condition) = self.lease_condition(&volume, bound_over).await {
             return Ok((Vec::new(), condition));
+        }
+        if let Some((handles, key)) = self.views.rejected(id) {
+            let message = format!(
+                "snapshot {} of {}: {handles} open file handle(s) read bytes that hydrator then rejected (last: {key}): their reads fail (EIO); the pod must open those files again",
+                volume.snapshot, volume.dataset
+            );
+            return Ok((
+                Vec::new(),
+                VolumeCondition {
+                    abnormal: true,
+                    message,
+                },
+            ));
         }
         let fs = rustix::fs::statvfs(path)
             .map_err(|err| Status::internal(format!("statfs of {}: {err}", path.display())))?;

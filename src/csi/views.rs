@@ -13,11 +13,10 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use tokio::sync::oneshot;
-
 use super::keeper::{Keeper, KeeperError, KeptView};
-use super::lazy;
+use super::lazy::{self, Serving};
 use crate::daemon_client::Client;
+use crate::mount::view::Health;
 
 /// Why the keeper was not given a view.
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +36,7 @@ struct Served {
     fuse: OwnedFd,
     /// Whether the ready snapshot was bound over the view.
     settled: bool,
+    health: Health,
 }
 
 pub(crate) struct Views {
@@ -69,7 +69,7 @@ impl Views {
         self: &Arc<Self>,
         kept: KeptView,
         fuse: OwnedFd,
-        ended: oneshot::Receiver<()>,
+        Serving { ended, health }: Serving,
         settled: bool,
     ) {
         let copy = fuse.try_clone().map(|copy| vec![(kept.clone(), copy)]);
@@ -85,6 +85,7 @@ impl Views {
                 kept,
                 fuse,
                 settled,
+                health,
             },
         );
         let views = Arc::downgrade(self);
@@ -103,6 +104,12 @@ impl Views {
 
     pub(crate) fn serves(&self, volume: &str) -> bool {
         self.served().contains_key(volume)
+    }
+
+    /// How many handles of the view of `volume` read bytes that were then discarded (their
+    /// reads fail with EIO), and the file the last one was of.
+    pub(crate) fn rejected(&self, volume: &str) -> Option<(u64, String)> {
+        self.served().get(volume)?.health.rejected()
     }
 
     pub(crate) fn remove(&self, volume: &str) {
@@ -194,10 +201,10 @@ impl Views {
                 }
             };
             match lazy::resume(client.clone(), &view, session, &journal(&view)).await {
-                Ok(ended) => {
+                Ok(serving) => {
                     tracing::info!(volume = %view.volume, "serving again the lazy view of {} snapshot {}", view.dataset, view.snapshot);
                     resumed += 1;
-                    self.serve(view, fuse, ended, settled).await;
+                    self.serve(view, fuse, serving, settled).await;
                 }
                 Err(err) => {
                     tracing::error!(volume = %view.volume, "serving the lazy view again: {err}")

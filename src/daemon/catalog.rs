@@ -134,6 +134,8 @@ struct RawDataset {
     shard: Option<String>,
     #[serde(default)]
     p2p: bool,
+    #[serde(default = "streams_by_default")]
+    stream_unchecked: bool,
     namespaces: Option<Vec<String>>,
     service_accounts: Option<Vec<String>>,
 }
@@ -265,6 +267,9 @@ pub(crate) struct Dataset {
     pub shard: Option<Shard>,
     /// Large objects come from the node's peers (`[p2p]`), checked against the sealed snapshot.
     pub p2p: bool,
+    /// A lazy view may read a file still downloading, before its whole-file checks
+    /// (`stream_unchecked = false`: its files open only once whole and verified).
+    pub stream_unchecked: bool,
 }
 
 impl Catalog {
@@ -768,7 +773,12 @@ fn dataset(
         refresh: Duration::from_secs(raw.refresh_seconds.unwrap_or(DEFAULT_REFRESH)),
         shard,
         p2p: raw.p2p,
+        stream_unchecked: raw.stream_unchecked,
     })
+}
+
+fn streams_by_default() -> bool {
+    true
 }
 
 /// Dataset names are directory names under the cache root and path segments of the API.
@@ -827,6 +837,19 @@ mod tests {
         assert_eq!(catalog.datasets["coco"].start, Start::Ready);
         assert!(catalog.datasets["coco"].credentials.is_none());
         assert_eq!(catalog.datasets["coco"].refresh, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn a_dataset_may_forbid_lazy_readers_unchecked_bytes() {
+        let catalog = parse(GOOD, env).unwrap();
+        assert!(catalog.datasets["imagenet"].stream_unchecked, "the default");
+        let whole = GOOD.replace(
+            "start = \"lazy\"",
+            "start = \"lazy\"\nstream_unchecked = false",
+        );
+        let catalog = parse(&whole, env).unwrap();
+        assert!(!catalog.datasets["imagenet"].stream_unchecked);
+        assert!(catalog.datasets["coco"].stream_unchecked);
     }
 
     #[test]

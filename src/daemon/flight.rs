@@ -360,7 +360,8 @@ async fn hydrate(
                     _ => false,
                 }
             });
-            Arc::new(Schedule::new(files.map(|e| e.key.clone())))
+            let whole_only = !dataset.stream_unchecked;
+            Arc::new(Schedule::new(files.map(|e| e.key.clone())).whole_files_only(whole_only))
         });
     flight.set_phase(Phase::Downloading);
     let catalog = daemon.catalog();

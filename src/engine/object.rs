@@ -84,10 +84,14 @@ pub(crate) async fn mirror_object(
         _ => None,
     };
     let mut restarts = 0;
+    // Readers may read a file while it downloads, before its whole-file checks, unless it is
+    // sealed (the seal checks only the whole file, so no byte reaches a reader before it) or
+    // an attempt of it was rejected already (its readers then wait for the verified file).
+    let mut streamable = entry.sealed.is_none();
     loop {
         let fetched = match from_peers.take() {
             Some(hash) => Ok(hash),
-            None => download(&ctx, object.clone(), &rel, modified).await,
+            None => download(&ctx, object.clone(), &rel, modified, streamable).await,
         };
         match fetched {
             Ok(hash) => {
@@ -125,6 +129,7 @@ pub(crate) async fn mirror_object(
                 if restarts < MAX_OBJECT_RESTARTS =>
             {
                 restarts += 1;
+                streamable = false;
                 Stats::add(&ctx.fetch.stats.object_restarts, 1);
                 tracing::warn!(key = %entry.key, "{err}; fetching it again");
             }
@@ -242,11 +247,14 @@ pub(super) fn resumable(known: &ObjectState, etag: &str, size: u64, part_size: u
         && (known.etag.as_str(), known.size, known.part_size) == (etag, size, part_size)
 }
 
+/// Downloads `object` into `rel`'s partial file; its written parts are offered to a lazy
+/// view's readers when `streamable`.
 async fn download(
     ctx: &Arc<Ctx>,
     object: Arc<PinnedObject>,
     rel: &RelPath,
     modified: Option<SystemTime>,
+    streamable: bool,
 ) -> Result<blake3::Hash, PartError> {
     if object.size <= ctx.fetch.pool.buffer_size() as u64 {
         return download_small(ctx, &object, rel, modified).await;
@@ -287,7 +295,9 @@ async fn download(
         .await?
     };
     let (dir, file) = (Arc::new(dir), Arc::new(file));
-    let streamed = stream_to_readers(ctx, &object, &file, part_size, &resumed);
+    let streamed = streamable
+        .then(|| stream_to_readers(ctx, &object, &file, part_size, &resumed))
+        .flatten();
     let held = ctx.write.partials.hold(
         dir.clone(),
         rel.partial_name(),
@@ -305,6 +315,11 @@ async fn download(
             .map(|()| hash),
         Err(err) => Err(err),
     };
+    // No reader is told of this attempt's parts from now on (a whole-file check rejected it,
+    // or it failed); those that read some learn it from the unlinked file (`mount::view`).
+    if let (Some(schedule), Some(inode), Err(_)) = (&ctx.write.schedule, streamed, &fetched) {
+        schedule.discarded(&object.key, inode);
+    }
     // A full disk stops the run, which then gives back the room this file holds unwritten.
     if !fetched.as_ref().is_err_and(PartError::disk_full) {
         held.done();
@@ -342,8 +357,8 @@ async fn download(
 }
 
 /// Offers the parts of `object`'s partial `file` to a lazy view's readers as they are written
-/// (`streams.rs`), when the run has readers and the object has more than one part; returns the
-/// file's inode then.
+/// (`streams.rs`), when the run has readers that may read unchecked bytes and the object has
+/// more than one part; returns the file's inode then.
 fn stream_to_readers(
     ctx: &Ctx,
     object: &PinnedObject,
@@ -353,7 +368,7 @@ fn stream_to_readers(
 ) -> Option<u64> {
     use std::os::unix::fs::MetadataExt;
     let schedule = ctx.write.schedule.as_ref()?;
-    if object.size <= part_size {
+    if object.size <= part_size || !schedule.streams_unchecked() {
         return None;
     }
     let inode = file.metadata().ok()?.ino();

@@ -82,6 +82,9 @@ pub(crate) struct Schedule {
     /// an object being fetched.
     promoted: Notify,
     window: Arc<Window>,
+    /// Readers get only whole, verified files (`--no-stream-unchecked`, the catalog's
+    /// `stream_unchecked = false`).
+    whole_only: bool,
 }
 
 /// Background downloads in flight, and a wake-up when one ends.
@@ -123,7 +126,14 @@ impl Schedule {
             changed: Notify::new(),
             promoted: Notify::new(),
             window: Arc::default(),
+            whole_only: false,
         }
+    }
+
+    /// The same, whose readers get only whole, verified files when `whole_only`.
+    pub(crate) fn whole_files_only(mut self, whole_only: bool) -> Self {
+        self.whole_only = whole_only;
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -204,6 +214,20 @@ impl Schedule {
         if let Some(&at) = self.positions.get(key) {
             self.lock().streams.start(at, inode, sizes, written);
         }
+    }
+
+    /// `key`'s partial file `inode` was discarded (rejected by a whole-file check, or given
+    /// up): readers may read it no more.
+    pub(crate) fn discarded(&self, key: &str, inode: u64) {
+        if let Some(&at) = self.positions.get(key) {
+            self.lock().streams.discarded(at, inode);
+        }
+    }
+
+    /// Whether a file may be read while it downloads, before its whole-file checks (no when
+    /// the operator forbade it: [`Schedule::whole_files_only`]).
+    pub(crate) fn streams_unchecked(&self) -> bool {
+        !self.whole_only
     }
 
     /// Part `index` of `key`'s partial file `inode` is written (and checked: `streams.rs`).

@@ -18,7 +18,11 @@
 //! hash, so its readers wait for the whole file.
 //!
 //! The inode names one attempt: a download started again (a whole-file check failed) writes a
-//! new partial file, and a reader told of the old inode asks again.
+//! new partial file, and a reader told of the old inode asks again. An attempt whose partial
+//! file is discarded leaves [`Streams`] before the next one is created ([`Streams::discarded`]),
+//! and the engine streams no later attempt of that object in the run: after a rejection its
+//! readers wait for the whole, verified file. The view ([`crate::mount::view`]) fails the
+//! handles that read from a discarded attempt.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -135,6 +139,15 @@ impl Streams {
             *slot = true;
         }
         self.answer_covered(at);
+    }
+
+    /// Object `at`'s partial file `inode` was discarded (its whole-file check rejected it, or
+    /// its download was given up): its parts are readable no more, and the readers waiting
+    /// wait on for the next attempt or the object's end.
+    pub(super) fn discarded(&mut self, at: usize, inode: u64) {
+        if self.streams.get(&at).is_some_and(|s| s.inode == inode) {
+            self.streams.remove(&at);
+        }
     }
 
     /// Object `at` is published (`Ok`) or failed: every reader waiting on it is told.
@@ -266,6 +279,24 @@ mod tests {
         assert_eq!(&*failed.try_recv().unwrap().unwrap_err(), "gone");
         streams.close(&"stopping".into());
         assert_eq!(&*closed.try_recv().unwrap().unwrap_err(), "stopping");
+    }
+
+    #[test]
+    fn a_discarded_attempt_is_readable_no_more_and_its_readers_wait_for_the_end() {
+        let mut streams = Streams::default();
+        streams.start(0, 8, (16 * MIB, 8 * MIB), [0, 1]);
+        assert!(streams.readable_now(0, &(0..1)).is_some());
+        streams.discarded(0, 9);
+        assert!(
+            streams.readable_now(0, &(0..1)).is_some(),
+            "another attempt's"
+        );
+        streams.discarded(0, 8);
+        assert_eq!(streams.readable_now(0, &(0..1)), None);
+        let mut told = streams.wait(0, 0..1);
+        assert!(told.try_recv().is_err(), "waits for the next attempt");
+        streams.finished(0, &Ok(()));
+        assert_eq!(told.try_recv().unwrap(), Ok(Readable::Whole));
     }
 
     #[test]

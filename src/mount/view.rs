@@ -6,7 +6,7 @@
 //!   node daemon that runs the engine) and is answered from a
 //!   tokio task when the engine has written, synced and verified it: the FUSE loop never blocks,
 //!   so `readdir`, `stat` and opens of local files go on meanwhile. A file the engine could not
-//!   fetch fails its open with EIO, so a reader never sees bytes that were not verified.
+//!   fetch fails its open with EIO.
 //! - An opened local file is handed to the kernel as a passthrough backing file (Linux ≥ 6.9,
 //!   and CAP_SYS_ADMIN): its reads never come to this process, and run at the local file's
 //!   speed. One backing file per inode, held while any handle of it is open, as the kernel
@@ -19,6 +19,14 @@
 //!   file handle is never reused by a later process (numbered from the time its process
 //!   started), and a read or release of a handle this process did not give out is resolved by
 //!   its inode: the local file is opened again, never guessed.
+//! - A handle opened while its file downloads reads the partial file, kept open here per inode.
+//!   Its bytes have not passed the whole-file checks, so each read is tied to the partial file
+//!   it came from: before a kept partial file serves a read, its link count is looked at (the
+//!   engine unlinks an attempt it discards, a rejected one included, and renames the one it
+//!   publishes), and a discarded one goes, failing with EIO every later read of each handle
+//!   that read from it ([`Open::check_partial`]), counted in [`Health`]. A partial file opened by
+//!   name serves reads only once the wants, asked again, still name its inode: a later attempt
+//!   may have taken the inode number of a discarded one.
 //! - The view's own marker, `.hydrator/LAZY` ([`Kind::Memory`]), is opened and read from memory,
 //!   never asking [`Wants`]: a trainer's gate on it cannot wait on the hydration.
 //! - The view is read-only and never changes while mounted: entries and attributes are cached
@@ -82,7 +90,7 @@ const TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// Backing files kept for files no handle has open (each holds an open file in the kernel).
 const IDLE_BACKINGS: usize = 4096;
 /// Times a read asks again for bytes whose partial file was replaced since it was told.
-const MAX_ASKS: u32 = 3;
+const MAX_ASKS: u32 = 4;
 /// The handle of a file the kernel opened without asking (`FUSE_NO_OPEN_SUPPORT`): never one
 /// this process gives out ([`first_handle`] is at least 1).
 const UNOPENED: u64 = 0;
@@ -113,6 +121,43 @@ struct Shared {
     told: Mutex<HashSet<String>>,
     /// Where the backings are written down for a later process serving the view.
     journal: OnceLock<BackingJournal>,
+    /// Serial of the next partial file opened.
+    next_partial: AtomicU64,
+    /// What went wrong for the view's readers, for whoever reports its condition.
+    health: Arc<HealthCounts>,
+}
+
+/// A read refused: its handle read bytes that were discarded unverified.
+struct Rejected;
+
+/// The handles a view failed because they had read bytes that were then discarded, and the
+/// last file they were of.
+#[derive(Default)]
+struct HealthCounts {
+    rejected_handles: AtomicU64,
+    last_key: Mutex<Option<String>>,
+}
+
+impl HealthCounts {
+    fn last_key(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.last_key
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// What a view's readers met, readable while its session serves it.
+#[derive(Clone)]
+pub(crate) struct Health(Arc<HealthCounts>);
+
+impl Health {
+    /// How many handles read bytes that were then discarded (their reads fail with EIO since),
+    /// and the file the last one was of.
+    pub(crate) fn rejected(&self) -> Option<(u64, String)> {
+        let handles = self.0.rejected_handles.load(Relaxed);
+        let key = self.0.last_key().clone()?;
+        (handles > 0).then_some((handles, key))
+    }
 }
 
 #[derive(Default)]
@@ -126,15 +171,37 @@ struct Open {
     idle: VecDeque<u64>,
     /// The inode of each passthrough handle.
     handles: HashMap<u64, u64>,
-    /// The inode of each handle opened while its file was downloading (read here, through
-    /// its partial file until the file is published).
-    streamed: HashMap<u64, u64>,
+    /// Each handle opened while its file was downloading (read here, through its partial
+    /// file until the file is published).
+    streamed: HashMap<u64, Streamed>,
     /// The partial file read by streamed handles, by inode.
     partials: HashMap<u64, PartialFile>,
+    /// Inodes some handle of which read bytes that were then discarded: the kernel keeps no
+    /// page of theirs across an open (a mapping may have cached the discarded bytes).
+    tainted: HashSet<u64>,
     /// Handles read through this process (`files` and `streamed`), by inode. The kernel fails
     /// a passthrough open of an inode that a cached handle uses (a handle read here, or a
     /// streamed one that was mapped), so while one is open the file's opens are served here.
     read_here: HashMap<u64, usize>,
+}
+
+/// A handle opened while its file was downloading.
+struct Streamed {
+    ino: u64,
+    /// The partial file (its [`PartialFile::serial`]) whose bytes it was last answered with.
+    read_from: Option<u64>,
+    /// It read bytes of an attempt that was discarded unverified: every read of it fails.
+    rejected: bool,
+}
+
+impl Streamed {
+    fn of(ino: u64) -> Self {
+        Self {
+            ino,
+            read_from: None,
+            rejected: false,
+        }
+    }
 }
 
 /// A partial file open for reading, with the byte runs known written in it.
@@ -142,6 +209,12 @@ struct PartialFile {
     file: Arc<File>,
     inode: u64,
     runs: Vec<Range<u64>>,
+    /// Which partial file this is, in this process (inode numbers are reused).
+    serial: u64,
+    /// Whether the wants said, after it was opened, that its inode is still the download's:
+    /// the file opened by name is then that download's, not a later one's that took its
+    /// inode number.
+    confirmed: bool,
 }
 
 impl PartialFile {
@@ -149,6 +222,13 @@ impl PartialFile {
         self.runs
             .iter()
             .any(|run| run.start <= bytes.start && bytes.end <= run.end)
+    }
+
+    /// Whether the engine unlinked it: its download was discarded (its whole-file check
+    /// rejected it, or it was given up) and its bytes will never be verified. Published, it
+    /// keeps its link under the final name.
+    fn discarded(&self) -> bool {
+        self.file.metadata().is_ok_and(|meta| meta.nlink() == 0)
     }
 }
 
@@ -171,6 +251,55 @@ impl Open {
         *self.read_here.entry(ino).or_default() += 1;
     }
 
+    /// The partial file kept for `ino`, unless it was discarded: then it goes, every handle
+    /// that read from it is rejected, and how many were is returned.
+    fn check_partial(&mut self, ino: u64) -> (Option<&mut PartialFile>, u64) {
+        if !self.partials.get(&ino).is_some_and(PartialFile::discarded) {
+            return (self.partials.get_mut(&ino), 0);
+        }
+        let rejected = match self.partials.remove(&ino) {
+            Some(partial) => self.reject_readers(ino, partial.serial),
+            None => 0,
+        };
+        (None, rejected)
+    }
+
+    /// Keeps `partial` for `ino`: the one it replaces is another attempt's, which will never be
+    /// published, so the handles that read from it are rejected (how many is returned).
+    fn replace_partial(&mut self, ino: u64, partial: PartialFile) -> u64 {
+        let Some(serial) = self.partials.insert(ino, partial).map(|old| old.serial) else {
+            return 0;
+        };
+        self.reject_readers(ino, serial)
+    }
+
+    /// Rejects the handles of `ino` that read from partial file `serial`; how many were.
+    fn reject_readers(&mut self, ino: u64, serial: u64) -> u64 {
+        let mut rejected = 0;
+        for handle in self.streamed.values_mut() {
+            if handle.read_from == Some(serial) && !handle.rejected {
+                handle.rejected = true;
+                rejected += 1;
+            }
+        }
+        if rejected > 0 {
+            self.tainted.insert(ino);
+        }
+        rejected
+    }
+
+    /// Whether handle `fh` read bytes that were discarded.
+    fn is_rejected(&self, fh: u64) -> bool {
+        self.streamed.get(&fh).is_some_and(|handle| handle.rejected)
+    }
+
+    /// Handle `fh` is answered with the bytes of partial file `serial`.
+    fn reads_from(&mut self, fh: u64, serial: u64) {
+        if let Some(handle) = self.streamed.get_mut(&fh) {
+            handle.read_from = Some(serial);
+        }
+    }
+
     /// Handle `fh` is released: what this process held for it goes.
     fn release(&mut self, fh: u64, ino: u64) {
         let served = self.files.remove(&fh).is_some();
@@ -183,7 +312,7 @@ impl Open {
                 }
             }
         }
-        if !self.streamed.values().any(|of| *of == ino) {
+        if !self.streamed.values().any(|handle| handle.ino == ino) {
             self.partials.remove(&ino);
         }
     }
@@ -213,6 +342,8 @@ impl LazyView {
                 open: Mutex::default(),
                 told: Mutex::default(),
                 journal: OnceLock::new(),
+                next_partial: AtomicU64::new(0),
+                health: Arc::default(),
             }),
         }
     }
@@ -252,6 +383,10 @@ impl Taken {
 impl LazyView {
     pub(crate) fn taken(&self) -> Taken {
         Taken(self.shared.clone())
+    }
+
+    pub(crate) fn health(&self) -> Health {
+        Health(self.shared.health.clone())
     }
 
     /// Writes the view's backings down in `journal`, and answers with those it inherits
@@ -454,11 +589,12 @@ impl Shared {
         let mut open = self.open_mut();
         open.files.insert(fh, (ino, Arc::new(local)));
         open.read_here(ino);
+        let keep_cache = match open.tainted.contains(&ino) {
+            true => FopenFlags::empty(),
+            false => FopenFlags::FOPEN_KEEP_CACHE,
+        };
         drop(open);
-        reply.opened(
-            FileHandle(fh),
-            FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH,
-        );
+        reply.opened(FileHandle(fh), keep_cache | FopenFlags::FOPEN_NOFLUSH);
     }
 
     /// A backing for `ino`, whose local file is `local`: the one an earlier process of the view
@@ -502,7 +638,7 @@ impl Shared {
         };
         let fh = self.next_handle.fetch_add(1, Relaxed);
         let mut open = self.open_mut();
-        open.streamed.insert(fh, ino);
+        open.streamed.insert(fh, Streamed::of(ino));
         open.read_here(ino);
         drop(open);
         reply.opened(
@@ -516,7 +652,7 @@ impl Shared {
     fn adopt(&self, ino: u64, fh: u64) {
         let mut open = self.open_mut();
         if !open.streamed.contains_key(&fh) && !open.files.contains_key(&fh) {
-            open.streamed.insert(fh, ino);
+            open.streamed.insert(fh, Streamed::of(ino));
             open.read_here(ino);
         }
     }
@@ -528,11 +664,55 @@ impl Shared {
         (*of == ino).then(|| file.clone())
     }
 
-    /// The partial file of `ino` when the bytes `bytes` are known written in it.
-    fn partial_covering(&self, ino: u64, bytes: &Range<u64>) -> Option<Arc<File>> {
-        let open = self.open_mut();
-        let partial = open.partials.get(&ino)?;
-        partial.covers(bytes).then(|| partial.file.clone())
+    /// The partial file of `ino` when the bytes `bytes` are known written in it, to answer
+    /// handle `fh` with; `Err` when `fh` read bytes that were discarded since.
+    fn partial_covering(
+        &self,
+        (ino, fh): (u64, u64),
+        bytes: &Range<u64>,
+    ) -> Result<Option<Arc<File>>, Rejected> {
+        let mut open = self.open_mut();
+        let (partial, rejected) = open.check_partial(ino);
+        let found = partial
+            .filter(|partial| partial.confirmed && partial.covers(bytes))
+            .map(|partial| (partial.file.clone(), partial.serial));
+        if let Some((_, serial)) = found {
+            open.reads_from(fh, serial);
+        }
+        let refused = open.is_rejected(fh);
+        drop(open);
+        self.rejected(ino, rejected);
+        match refused {
+            true => Err(Rejected),
+            false => Ok(found.map(|(file, _)| file)),
+        }
+    }
+
+    /// `Err` when handle `fh` of `ino` read bytes that were discarded.
+    fn check_handle(&self, (ino, fh): (u64, u64)) -> Result<(), Rejected> {
+        let mut open = self.open_mut();
+        let (_, rejected) = open.check_partial(ino);
+        let refused = open.is_rejected(fh);
+        drop(open);
+        self.rejected(ino, rejected);
+        match refused {
+            true => Err(Rejected),
+            false => Ok(()),
+        }
+    }
+
+    /// Counts and logs the `handles` of `ino` just rejected: they read bytes of a download
+    /// that was then discarded.
+    fn rejected(&self, ino: u64, handles: u64) {
+        let Some(node) = self.file(ino).filter(|_| handles > 0) else {
+            return;
+        };
+        let total = self.health.rejected_handles.fetch_add(handles, Relaxed) + handles;
+        *self.health.last_key() = Some(node.key.clone());
+        tracing::error!(
+            key = %node.key,
+            "{handles} open handle(s) read bytes of a download of this file that was then discarded before its whole-file checks passed (a checksum or seal mismatch, or a download given up): their reads fail with EIO from now on; open the file again ({total} handle(s) so far in this view)"
+        );
     }
 
     /// Answers a read of `ino` through handle `fh` that is not a local whole file's: a
@@ -548,8 +728,10 @@ impl Shared {
         let Some(file) = self.file(ino) else {
             return reply.error(Errno::EIO);
         };
-        if let Some(partial) = self.partial_covering(ino, &bytes) {
-            return reply_read(&partial, &bytes, reply);
+        match self.partial_covering((ino, fh), &bytes) {
+            Ok(Some(partial)) => return reply_read(&partial, &bytes, reply),
+            Ok(None) => {}
+            Err(Rejected) => return reply.error(Errno::EIO),
         }
         match self.wants.want_range(file, bytes.clone()) {
             RangeWanted::Now(outcome) => {
@@ -580,10 +762,17 @@ impl Shared {
         let Some(node) = self.file(ino) else {
             return reply.error(Errno::EIO);
         };
+        // What the handle read may have been discarded while it waited: then no later
+        // attempt's bytes, verified or not, are served to it.
+        if let Err(Rejected) = self.check_handle((ino, fh)) {
+            return reply.error(Errno::EIO);
+        }
         let found = match outcome {
             Err(reason) => Err(reason),
             Ok(Readable::Whole) => self.open_whole(ino, fh, node),
-            Ok(Readable::Partial { inode, runs }) => self.open_partial(ino, node, inode, runs),
+            Ok(Readable::Partial { inode, runs }) => {
+                self.open_partial((ino, fh), node, inode, runs)
+            }
         };
         match found {
             Ok(Some(local)) => reply_read(&local, &bytes, reply),
@@ -617,21 +806,30 @@ impl Shared {
         Ok(Some(local))
     }
 
-    /// The partial file `inode` of `ino`, whose `runs` are written: `None` when another
-    /// partial file is there now. Published meanwhile, it is the final file (same inode).
+    /// The partial file `inode` of `ino`, whose `runs` are written, for handle `fh`: `None`
+    /// when another partial file is there now, or when it was opened just now (asked again,
+    /// the wants confirm that its inode is still the download's). Published meanwhile, it is
+    /// the final file (same inode).
     fn open_partial(
         &self,
-        ino: u64,
+        (ino, fh): (u64, u64),
         node: &FileNode,
         inode: u64,
         runs: Vec<Range<u64>>,
     ) -> Result<Option<Arc<File>>, Unavailable> {
         let mut open = self.open_mut();
-        if let Some(partial) = open.partials.get_mut(&ino).filter(|p| p.inode == inode) {
-            partial.runs = runs;
-            return Ok(Some(partial.file.clone()));
+        let (cached, rejected) = open.check_partial(ino);
+        let reused = cached.filter(|p| p.inode == inode).map(|partial| {
+            partial.runs = runs.clone();
+            partial.confirmed = true;
+            (partial.file.clone(), partial.serial)
+        });
+        if let Some((file, serial)) = reused {
+            open.reads_from(fh, serial);
+            return Ok(Some(file));
         }
         drop(open);
+        self.rejected(ino, rejected);
         let opened = match self.dest.open_partial(&node.rel) {
             Ok(None) => self.dest.open_final(&node.rel),
             other => other,
@@ -646,14 +844,16 @@ impl Shared {
             Ok(_) => return Ok(None),
             Err(err) => return Err(format!("reading the partial file: {err}").into()),
         }
-        let file = Arc::new(file);
         let partial = PartialFile {
-            file: file.clone(),
+            file: Arc::new(file),
             inode,
             runs,
+            serial: self.next_partial.fetch_add(1, Relaxed),
+            confirmed: false,
         };
-        self.open_mut().partials.insert(ino, partial);
-        Ok(Some(file))
+        let rejected = self.open_mut().replace_partial(ino, partial);
+        self.rejected(ino, rejected);
+        Ok(None)
     }
 
     /// Logs `what` failed for `file` because of `reason`, once per file.
@@ -960,4 +1160,55 @@ fn window(bytes: &[u8], offset: u64, size: u32) -> &[u8] {
     let start = usize::try_from(offset).map_or(bytes.len(), |at| at.min(bytes.len()));
     let end = start.saturating_add(size as usize).min(bytes.len());
     &bytes[start..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn partial(file: File, serial: u64) -> PartialFile {
+        PartialFile {
+            inode: file.metadata().unwrap().ino(),
+            file: Arc::new(file),
+            runs: std::iter::once(0..10).collect(),
+            serial,
+            confirmed: true,
+        }
+    }
+
+    #[test]
+    fn a_discarded_partial_rejects_the_handles_that_read_it_and_no_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(".f.partial");
+        std::fs::write(&path, b"0123456789").unwrap();
+        let mut open = Open::default();
+        open.partials
+            .insert(7, partial(File::open(&path).unwrap(), 1));
+        for fh in [10, 11, 12] {
+            open.streamed.insert(fh, Streamed::of(7));
+        }
+        open.reads_from(10, 1);
+        open.reads_from(12, 0); // an earlier partial file, published since
+        let (kept, rejected) = open.check_partial(7);
+        assert!(kept.is_some() && rejected == 0, "still linked");
+        std::fs::remove_file(&path).unwrap();
+        let (kept, rejected) = open.check_partial(7);
+        assert!(kept.is_none());
+        assert_eq!(rejected, 1);
+        assert!(open.is_rejected(10));
+        assert!(!open.is_rejected(11), "it read nothing of it");
+        assert!(!open.is_rejected(12));
+        assert!(open.tainted.contains(&7));
+        assert_eq!(open.check_partial(7).1, 0, "told once");
+    }
+
+    #[test]
+    fn a_published_partial_is_not_discarded() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, published) = (dir.path().join(".f.partial"), dir.path().join("f"));
+        std::fs::write(&path, b"0123456789").unwrap();
+        let kept = partial(File::open(&path).unwrap(), 3);
+        std::fs::rename(&path, &published).unwrap();
+        assert!(!kept.discarded());
+    }
 }

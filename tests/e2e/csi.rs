@@ -1071,3 +1071,56 @@ fn forged_records_are_dropped_and_symlinked_snapshots_are_not_served() {
     std::fs::remove_file(&snapshot_dir).unwrap();
     std::fs::rename(&moved, &snapshot_dir).unwrap();
 }
+
+#[test]
+fn a_lazy_volume_fails_the_handles_that_read_bytes_the_checksum_rejected_and_says_so() {
+    let server = Server::local();
+    let dir = tempfile::tempdir().unwrap();
+    // Three parts of 8 MiB: the first GET of the first part has a byte flipped, which only the
+    // server's full-object checksum catches, once the stalled others are in.
+    let big = content(32, 24 << 20);
+    server.seed(
+        "flip/",
+        &BTreeMap::from([("big.bin".to_string(), big.clone())]),
+    );
+    server.faults.add(
+        Rule::get("/flip/", Fault::StallBody(0, Duration::from_secs(3)))
+            .ranges_from(8 << 20)
+            .times(2),
+    );
+    server
+        .faults
+        .add(Rule::get("/flip/", Fault::CorruptBody(4321)));
+    let text = csi_catalog(dir.path(), &server, "1GiB", &["flip"]);
+    let daemon = Daemon::start(dir.path(), &server.target, &text);
+    let csi = Csi::start(dir.path(), &daemon);
+    let target = dir.path().join("pods/uid-1/mount");
+    let lazy = Volume {
+        attributes: &[("start", "lazy")],
+        ..volume("vol-1", "uid-1", "flip", &target)
+    };
+    csi.publish_when_ready(&lazy);
+
+    let file = std::fs::File::open(target.join("big.bin")).unwrap();
+    let mut head = vec![0; 1 << 20];
+    std::os::unix::fs::FileExt::read_exact_at(&file, &mut head, 0).unwrap();
+    assert_ne!(head[4321], big[4321], "the first attempt's byte was served");
+    crate::support::wait_until("ready", Duration::from_secs(60), || {
+        daemon.status("flip")["state"] == "ready"
+    });
+    let again = std::os::unix::fs::FileExt::read_exact_at(&file, &mut head, 0).unwrap_err();
+    assert_eq!(again.raw_os_error(), Some(libc::EIO), "{again}");
+    assert!(std::fs::read(target.join("big.bin")).unwrap() == big);
+    let condition = csi
+        .volume_stats("vol-1", &target)
+        .unwrap()
+        .volume_condition
+        .unwrap();
+    assert!(condition.abnormal, "{condition:?}");
+    assert!(
+        condition.message.contains("flip/big.bin") && condition.message.contains("rejected"),
+        "{condition:?}"
+    );
+    drop(file);
+    csi.unpublish("vol-1", &target).unwrap();
+}

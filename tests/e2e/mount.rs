@@ -645,3 +645,201 @@ fn without_passthrough_the_view_reads_through_hydrator_and_says_so_once() {
     assert_eq!(log.matches("passthrough off").count(), 1, "{log}");
     drop(mount);
 }
+
+/// Reads `len` bytes at `at` through `file`: the bytes, or the errno.
+fn read_at(file: &std::fs::File, at: u64, len: usize) -> Result<Vec<u8>, i32> {
+    let mut buf = vec![0; len];
+    match file.read_exact_at(&mut buf, at) {
+        Ok(()) => Ok(buf),
+        Err(err) => Err(err.raw_os_error().unwrap_or(0)),
+    }
+}
+
+const MIB: usize = 1 << 20;
+/// Where the first GET of `big.bin`'s first part has a byte flipped in
+/// [`rejected_then_fetched_again`].
+const FLIPPED: usize = 12_345;
+
+/// A 4 MiB `big.bin` under `prefix` whose first attempt (parts of 1 MiB) has a byte of its
+/// first part flipped in transit, which only the server's full-object checksum catches once the
+/// other parts are in (each stalls `stall`); the second attempt's parts stall `stall` too, so a
+/// file opened meanwhile waits for it.
+fn rejected_then_fetched_again(server: &Server, prefix: &str, stall: Duration) -> Vec<u8> {
+    let big = content(77, 4 * MIB);
+    server.seed(
+        prefix,
+        &BTreeMap::from([("big.bin".to_string(), big.clone())]),
+    );
+    let faults = &server.faults;
+    faults.add(
+        Rule::get("big.bin", Fault::StallBody(0, stall))
+            .ranges_from(MIB as u64)
+            .times(3),
+    );
+    faults.add(Rule::get("big.bin", Fault::CorruptBody(FLIPPED)));
+    faults.add(Rule::get("big.bin", Fault::StallBody(0, stall)).times(4));
+    big
+}
+
+#[test]
+fn a_handle_that_read_bytes_the_checksum_then_rejected_gets_eio_and_never_those_bytes_again() {
+    let server = Server::local();
+    let stall = Duration::from_secs(3);
+    let big = rejected_then_fetched_again(&server, "rejected/", stall);
+    let mount = Mounted::start(&server, "rejected/", &["--part-size", "1Mi"]);
+
+    // Opened while the first attempt downloads: one reads its first part (the flipped byte
+    // among it: no check can know yet), one reads nothing before the rejection.
+    let reader = std::fs::File::open(mount.path("big.bin")).unwrap();
+    let idle = std::fs::File::open(mount.path("big.bin")).unwrap();
+    let head = read_at(&reader, 0, 64 << 10).unwrap();
+    assert_ne!(
+        head[FLIPPED], big[FLIPPED],
+        "the first attempt's byte was served"
+    );
+    assert!(head[..FLIPPED] == big[..FLIPPED]);
+
+    // The full-object checksum rejects the attempt; a file opened during the refetch waits
+    // for the new attempt and reads the store's bytes.
+    wait_until("the attempt rejected", Duration::from_secs(30), || {
+        mount.log().contains("fetching it again")
+    });
+    assert!(
+        local_files(&mount.cache, "").is_empty(),
+        "refetching: {}",
+        mount.log()
+    );
+    let during = std::fs::File::open(mount.path("big.bin")).unwrap();
+    let fresh = read_at(&during, 0, 64 << 10);
+    assert!(
+        fresh.as_ref().is_ok_and(|fresh| *fresh == big[..64 << 10]),
+        "{:?}: {}",
+        fresh.map(|f| f[FLIPPED]),
+        mount.log()
+    );
+    wait_until("READY in the cache", Duration::from_secs(30), || {
+        has_ready(&mount.cache)
+    });
+
+    // After READY, the handle that read rejected bytes gets EIO, where they were and beyond;
+    // the one that read nothing of them reads the verified file.
+    assert_eq!(read_at(&reader, 0, 64 << 10), Err(libc::EIO));
+    assert_eq!(read_at(&reader, 2 * MIB as u64, 4096), Err(libc::EIO));
+    let mut whole = Vec::new();
+    (&idle).read_to_end(&mut whole).unwrap();
+    assert!(whole == big, "the idle handle reads the verified file");
+    assert!(std::fs::read(mount.path("big.bin")).unwrap() == big);
+    let log = mount.log();
+    assert!(
+        log.contains("rejected/big.bin") && log.contains("discarded before its whole-file checks"),
+        "{log}"
+    );
+}
+
+#[test]
+fn without_streaming_of_unchecked_bytes_a_file_opens_only_once_whole_and_verified() {
+    let server = Server::local();
+    let stall = Duration::from_secs(3);
+    let big = rejected_then_fetched_again(&server, "whole/", stall);
+    let mount = Mounted::start(
+        &server,
+        "whole/",
+        &["--part-size", "1Mi", "--no-stream-unchecked"],
+    );
+
+    let opened = Instant::now();
+    let file = std::fs::File::open(mount.path("big.bin"));
+    let waited = opened.elapsed();
+    let file = file.unwrap_or_else(|err| panic!("{err}: {}", mount.log()));
+    assert!(
+        waited >= 2 * stall - Duration::from_millis(500),
+        "opened after {waited:?}, before both attempts were in"
+    );
+    assert!(mount.log().contains("fetching it again"), "{}", mount.log());
+    let mut whole = Vec::new();
+    (&file).read_to_end(&mut whole).unwrap();
+    assert!(whole == big, "only the verified attempt's bytes");
+}
+
+/// A snapshot of `prefix` sealed with the BLAKE3 of each object (hydrated first, as the seal
+/// needs), in `dir`.
+fn sealed_snapshot(server: &Server, prefix: &str, dir: &std::path::Path) -> std::path::PathBuf {
+    use std::ffi::OsStr;
+    let (lock, sealer, sealed) = (
+        dir.join("dataset.lock"),
+        dir.join("sealer"),
+        dir.join("sealed.lock"),
+    );
+    server.snapshot(prefix, &lock);
+    let synced = server.hydrator(&[
+        OsStr::new("sync"),
+        OsStr::new("--snapshot"),
+        lock.as_os_str(),
+        sealer.as_os_str(),
+        OsStr::new("--progress"),
+        OsStr::new("none"),
+    ]);
+    assert!(synced.status.success(), "{synced:?}");
+    let url = format!("s3://{}/{prefix}", server.target.bucket);
+    let made = server.hydrator(&[
+        OsStr::new("snapshot"),
+        OsStr::new(&url),
+        OsStr::new("--from"),
+        lock.as_os_str(),
+        OsStr::new("--seal"),
+        sealer.as_os_str(),
+        OsStr::new("-o"),
+        sealed.as_os_str(),
+    ]);
+    assert!(made.status.success(), "{made:?}");
+    sealed
+}
+
+#[test]
+fn a_file_of_a_sealed_snapshot_opens_only_once_whole_and_as_sealed() {
+    let server = Server::local();
+    let dataset = BTreeMap::from([
+        ("big.bin".to_string(), content(78, 4 * MIB)),
+        ("bad.bin".to_string(), content(79, 4 * MIB)),
+    ]);
+    // Sent without a checksum: the seal is the only check of the bytes.
+    server.seed_without_checksum("sealedview/", &dataset);
+    let dir = tempfile::tempdir().unwrap();
+    let sealed = sealed_snapshot(&server, "sealedview/", dir.path());
+    let stall = Duration::from_secs(3);
+    server.faults.add(
+        Rule::get("big.bin", Fault::StallBody(0, stall))
+            .ranges_from(MIB as u64)
+            .times(3),
+    );
+    server
+        .faults
+        .add(Rule::get("bad.bin", Fault::CorruptBody(FLIPPED)).times(usize::MAX));
+    let mount = Mounted::start_snapshot(&server, &sealed, &["--part-size", "1Mi"]);
+
+    // No byte before the whole file matched its seal: the open waits for every part.
+    let opened = Instant::now();
+    let file = std::fs::File::open(mount.path("big.bin"));
+    let waited = opened.elapsed();
+    let mut big = Vec::new();
+    let read = file.and_then(|mut file| file.read_to_end(&mut big));
+    assert!(
+        read.is_ok() && big == dataset["big.bin"],
+        "{read:?}: {}",
+        mount.log()
+    );
+    assert!(
+        waited >= stall - Duration::from_millis(500),
+        "opened after {waited:?}, before the whole file was in"
+    );
+    // Bytes that differ from the seal never reach a reader: the open fails.
+    match std::fs::File::open(mount.path("bad.bin")) {
+        Err(err) => assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}"),
+        Ok(file) => panic!(
+            "a file not as sealed was opened: {:?}",
+            read_at(&file, FLIPPED as u64, 1)
+        ),
+    }
+    let log = mount.log();
+    assert!(log.contains("do not match the sealed snapshot"), "{log}");
+}

@@ -34,6 +34,30 @@ pub fn cache_on_top(path: &Path) -> bool {
 impl Mounted {
     /// Mounts s3://BUCKET/PREFIX with `args` and waits until the view is there.
     pub fn start(server: &Server, prefix: &str, args: &[&str]) -> Self {
+        Self::spawn(args, |mountpoint, cache| {
+            Self::command(server, prefix, mountpoint, cache)
+        })
+    }
+
+    /// Mounts the objects of the snapshot file `snapshot` with `args`, the same way.
+    pub fn start_snapshot(server: &Server, snapshot: &Path, args: &[&str]) -> Self {
+        Self::spawn(args, |mountpoint, cache| {
+            let mut command = hydrator_command(&server.target);
+            command
+                .arg("mount")
+                .arg("--snapshot")
+                .arg(snapshot)
+                .arg(mountpoint)
+                .arg("--cache")
+                .arg(cache)
+                .args(["--endpoint-url", &server.target.endpoint])
+                .args(["--progress", "none"])
+                .stdout(Stdio::piped());
+            command
+        })
+    }
+
+    fn spawn(args: &[&str], command: impl FnOnce(&Path, &Path) -> Command) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let (mountpoint, cache, log) = (
             dir.path().join("view"),
@@ -41,7 +65,7 @@ impl Mounted {
             dir.path().join("mount.log"),
         );
         std::fs::create_dir(&mountpoint).unwrap();
-        let mut command = Self::command(server, prefix, &mountpoint, &cache);
+        let mut command = command(&mountpoint, &cache);
 
         command.args(args);
 
