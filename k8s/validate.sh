@@ -80,7 +80,7 @@ missing = {"io_uring_setup", "io_uring_enter", "io_uring_register"} - allowed
 sys.exit(f"{sys.argv[1]}: io_uring syscalls not allowed: {sorted(missing)}" if missing else 0)
 PY
 python3 - "${renders[@]}" <<'PY'
-import os, re, sys, yaml
+import os, re, sys, tomllib, yaml
 
 # The Secrets the manifests may reference, each documented in docs/kubernetes.md and created by
 # the commands in the comment of the kustomization that applies it.
@@ -131,7 +131,6 @@ if not cache_nodes:
 # The cache's directory: the node's side is the hostPath of the DaemonSet's `cache` volume and
 # nothing else; the containers' side is the catalog's cache.root in every render.
 def cache_sides(docs):
-    import tomllib
     node, inside, root = set(), set(), set()
     for doc in docs:
         if doc["kind"] == "ConfigMap" and "catalog.toml" in doc.get("data", {}):
@@ -142,21 +141,21 @@ def cache_sides(docs):
             inside |= {m["mountPath"] for c in containers(pod) for m in c.get("volumeMounts", [])
                        if m["name"] == "cache"}
     return node, inside, root
-for tree, docs in renders.items():
-    node, inside, root = cache_sides(docs)
+sides = {tree: cache_sides(docs) for tree, docs in renders.items()}
+for tree, (node, inside, root) in sides.items():
     if node and inside != root:
         problem(tree, f"the cache is mounted at {sorted(inside)} in the containers, but the "
                       f"catalog's cache.root is {sorted(root)}")
     if len(node) > 1:
         problem(tree, f"the DaemonSet's cache volume names several node directories: {sorted(node)}")
-moved, _, _ = cache_sides(renders.get("overlays/cache-path", []))
+moved = sides.get("overlays/cache-path", (set(),))[0]
 if moved & set(CACHE_PATHS) or not moved:
     problem("overlays/cache-path", f"the cache's node directory is {sorted(moved)}: the overlay "
                                    f"must move it off {CACHE_PATHS[1]}")
 
 restricted_pods, csi_readers = 0, {}
 for tree, docs in renders.items():
-    node_cache_paths = set(CACHE_PATHS) | cache_sides(docs)[0]
+    node_cache_paths = set(CACHE_PATHS) | sides[tree][0]
     # Namespaces: created in this render, or well known.
     created = {d["metadata"]["name"] for d in docs if d["kind"] == "Namespace"}
     enforced = {d["metadata"]["name"]: d["metadata"].get("labels", {}).get(

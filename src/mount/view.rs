@@ -124,39 +124,37 @@ struct Shared {
     /// Serial of the next partial file opened.
     next_partial: AtomicU64,
     /// What went wrong for the view's readers, for whoever reports its condition.
-    health: Arc<HealthCounts>,
+    health: Health,
 }
 
 /// A read refused: its handle read bytes that were discarded unverified.
 struct Rejected;
 
-/// The handles a view failed because they had read bytes that were then discarded, and the
-/// last file they were of.
-#[derive(Default)]
-struct HealthCounts {
-    rejected_handles: AtomicU64,
-    last_key: Mutex<Option<String>>,
-}
+/// What a view's readers met, readable while its session serves it: how many handles it
+/// failed because they had read bytes that were then discarded, and the file the last one was
+/// of.
+#[derive(Clone, Default)]
+pub(crate) struct Health(Arc<Mutex<Option<(u64, String)>>>);
 
-impl HealthCounts {
-    fn last_key(&self) -> std::sync::MutexGuard<'_, Option<String>> {
-        self.last_key
+impl Health {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<(u64, String)>> {
+        self.0
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
-}
 
-/// What a view's readers met, readable while its session serves it.
-#[derive(Clone)]
-pub(crate) struct Health(Arc<HealthCounts>);
-
-impl Health {
     /// How many handles read bytes that were then discarded (their reads fail with EIO since),
     /// and the file the last one was of.
     pub(crate) fn rejected(&self) -> Option<(u64, String)> {
-        let handles = self.0.rejected_handles.load(Relaxed);
-        let key = self.0.last_key().clone()?;
-        (handles > 0).then_some((handles, key))
+        self.lock().clone()
+    }
+
+    /// Counts `handles` more, of `key`; the count so far.
+    fn add(&self, handles: u64, key: &str) -> u64 {
+        let mut rejected = self.lock();
+        let total = rejected.as_ref().map_or(0, |(before, _)| *before) + handles;
+        *rejected = Some((total, key.to_owned()));
+        total
     }
 }
 
@@ -343,7 +341,7 @@ impl LazyView {
                 told: Mutex::default(),
                 journal: OnceLock::new(),
                 next_partial: AtomicU64::new(0),
-                health: Arc::default(),
+                health: Health::default(),
             }),
         }
     }
@@ -386,7 +384,7 @@ impl LazyView {
     }
 
     pub(crate) fn health(&self) -> Health {
-        Health(self.shared.health.clone())
+        self.shared.health.clone()
     }
 
     /// Writes the view's backings down in `journal`, and answers with those it inherits
@@ -671,34 +669,34 @@ impl Shared {
         (ino, fh): (u64, u64),
         bytes: &Range<u64>,
     ) -> Result<Option<Arc<File>>, Rejected> {
-        let mut open = self.open_mut();
-        let (partial, rejected) = open.check_partial(ino);
-        let found = partial
-            .filter(|partial| partial.confirmed && partial.covers(bytes))
-            .map(|partial| (partial.file.clone(), partial.serial));
-        if let Some((_, serial)) = found {
-            open.reads_from(fh, serial);
-        }
-        let refused = open.is_rejected(fh);
-        drop(open);
-        self.rejected(ino, rejected);
-        match refused {
-            true => Err(Rejected),
-            false => Ok(found.map(|(file, _)| file)),
-        }
+        self.checked_handle((ino, fh), |open| {
+            let partial = open.partials.get(&ino)?;
+            let found = (partial.confirmed && partial.covers(bytes))
+                .then(|| (partial.file.clone(), partial.serial))?;
+            open.reads_from(fh, found.1);
+            Some(found.0)
+        })
     }
 
     /// `Err` when handle `fh` of `ino` read bytes that were discarded.
-    fn check_handle(&self, (ino, fh): (u64, u64)) -> Result<(), Rejected> {
+    fn check_handle(&self, key: (u64, u64)) -> Result<(), Rejected> {
+        self.checked_handle(key, |_| ())
+    }
+
+    /// `then` on what is open, once `ino`'s kept partial file is checked (dropped, and its
+    /// readers rejected, when it was discarded) and handle `fh` is not rejected; `Err` when it
+    /// is.
+    fn checked_handle<T>(
+        &self,
+        (ino, fh): (u64, u64),
+        then: impl FnOnce(&mut Open) -> T,
+    ) -> Result<T, Rejected> {
         let mut open = self.open_mut();
         let (_, rejected) = open.check_partial(ino);
-        let refused = open.is_rejected(fh);
+        let answer = (!open.is_rejected(fh)).then(|| then(&mut open));
         drop(open);
         self.rejected(ino, rejected);
-        match refused {
-            true => Err(Rejected),
-            false => Ok(()),
-        }
+        answer.ok_or(Rejected)
     }
 
     /// Counts and logs the `handles` of `ino` just rejected: they read bytes of a download
@@ -707,8 +705,7 @@ impl Shared {
         let Some(node) = self.file(ino).filter(|_| handles > 0) else {
             return;
         };
-        let total = self.health.rejected_handles.fetch_add(handles, Relaxed) + handles;
-        *self.health.last_key() = Some(node.key.clone());
+        let total = self.health.add(handles, &node.key);
         tracing::error!(
             key = %node.key,
             "{handles} open handle(s) read bytes of a download of this file that was then discarded before its whole-file checks passed (a checksum or seal mismatch, or a download given up): their reads fail with EIO from now on; open the file again ({total} handle(s) so far in this view)"

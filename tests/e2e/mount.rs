@@ -761,40 +761,6 @@ fn without_streaming_of_unchecked_bytes_a_file_opens_only_once_whole_and_verifie
     assert!(whole == big, "only the verified attempt's bytes");
 }
 
-/// A snapshot of `prefix` sealed with the BLAKE3 of each object (hydrated first, as the seal
-/// needs), in `dir`.
-fn sealed_snapshot(server: &Server, prefix: &str, dir: &std::path::Path) -> std::path::PathBuf {
-    use std::ffi::OsStr;
-    let (lock, sealer, sealed) = (
-        dir.join("dataset.lock"),
-        dir.join("sealer"),
-        dir.join("sealed.lock"),
-    );
-    server.snapshot(prefix, &lock);
-    let synced = server.hydrator(&[
-        OsStr::new("sync"),
-        OsStr::new("--snapshot"),
-        lock.as_os_str(),
-        sealer.as_os_str(),
-        OsStr::new("--progress"),
-        OsStr::new("none"),
-    ]);
-    assert!(synced.status.success(), "{synced:?}");
-    let url = format!("s3://{}/{prefix}", server.target.bucket);
-    let made = server.hydrator(&[
-        OsStr::new("snapshot"),
-        OsStr::new(&url),
-        OsStr::new("--from"),
-        lock.as_os_str(),
-        OsStr::new("--seal"),
-        sealer.as_os_str(),
-        OsStr::new("-o"),
-        sealed.as_os_str(),
-    ]);
-    assert!(made.status.success(), "{made:?}");
-    sealed
-}
-
 #[test]
 fn a_file_of_a_sealed_snapshot_opens_only_once_whole_and_as_sealed() {
     let server = Server::local();
@@ -805,7 +771,7 @@ fn a_file_of_a_sealed_snapshot_opens_only_once_whole_and_as_sealed() {
     // Sent without a checksum: the seal is the only check of the bytes.
     server.seed_without_checksum("sealedview/", &dataset);
     let dir = tempfile::tempdir().unwrap();
-    let sealed = sealed_snapshot(&server, "sealedview/", dir.path());
+    let sealed = crate::p2p::sealed_snapshot(&server, "sealedview/", dir.path());
     let stall = Duration::from_secs(3);
     server.faults.add(
         Rule::get("big.bin", Fault::StallBody(0, stall))

@@ -3,10 +3,9 @@
 //! now that `k8s/` deploys the keeper, the token files the examples read, the trees the
 //! Kubernetes page lists, and the kustomize version the renders are made with.
 
-use std::path::Path;
 use std::process::Command;
 
-use super::{pages, root};
+use super::{assert_none, pages, root, yaml_files};
 
 /// Prose with its line breaks and runs of spaces made one space, so a sentence matches
 /// whatever its wrapping.
@@ -79,7 +78,7 @@ fn no_page_says_a_plugin_restart_fails_lazy_reads_while_the_keeper_is_deployed()
             }
         }
     }
-    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    assert_none("claims that a plugin restart fails lazy reads", &wrong);
 }
 
 /// Where the Secret `hydrator-api-token` is mounted in the shipped pods (a directory: one file
@@ -109,12 +108,9 @@ fn every_token_file_named_is_a_key_of_the_token_secret() {
         "keys of hydrator-api-token: {keys:?}"
     );
     let mut files: Vec<(String, String)> = pages().into_iter().map(|p| (p.name, p.text)).collect();
-    for tree in [
-        "k8s/node-cache",
-        "k8s/components/kueue-admission",
-        "k8s/examples",
-    ] {
-        collect_yaml(&root().join(tree), &mut files);
+    for path in yaml_files(&root().join("k8s")) {
+        let name = path.strip_prefix(root()).unwrap().display().to_string();
+        files.push((name, std::fs::read_to_string(&path).unwrap()));
     }
     let mut wrong = Vec::new();
     for (name, text) in &files {
@@ -138,33 +134,7 @@ fn every_token_file_named_is_a_key_of_the_token_secret() {
             }
         }
     }
-    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
-}
-
-fn collect_yaml(dir: &Path, out: &mut Vec<(String, String)>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            collect_yaml(&path, out);
-        } else if path.extension().is_some_and(|e| e == "yaml") {
-            let name = path.strip_prefix(root()).unwrap().display().to_string();
-            out.push((name, std::fs::read_to_string(&path).unwrap()));
-        }
-    }
-}
-
-/// Every directory of `k8s/` with a kustomization.yaml, relative to `k8s/`.
-fn kustomize_trees(dir: &Path, out: &mut Vec<String>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            if path.join("kustomization.yaml").is_file() {
-                let k8s = root().join("k8s");
-                out.push(path.strip_prefix(&k8s).unwrap().display().to_string());
-            }
-            kustomize_trees(&path, out);
-        }
-    }
+    assert_none("token files", &wrong);
 }
 
 #[test]
@@ -175,9 +145,15 @@ fn the_kubernetes_page_lists_every_tree_and_every_image_to_set() {
         .nth(1)
         .and_then(|rest| rest.split("```").next())
         .expect("docs/kubernetes.md opens with the layout of k8s/");
-    let mut trees = Vec::new();
-    kustomize_trees(&root().join("k8s"), &mut trees);
-    trees.sort();
+    // Every directory below `k8s/` with a kustomization.yaml, relative to `k8s/`.
+    let k8s = root().join("k8s");
+    let trees: Vec<String> = yaml_files(&k8s)
+        .iter()
+        .filter(|path| path.ends_with("kustomization.yaml"))
+        .filter_map(|path| path.parent()?.strip_prefix(&k8s).ok())
+        .map(|tree| tree.display().to_string())
+        .filter(|tree| !tree.is_empty())
+        .collect();
     assert!(trees.len() > 5, "trees of k8s/: {trees:?}");
     let images_step = page
         .split("Do the same in each overlay or example you apply.")
@@ -198,7 +174,7 @@ fn the_kubernetes_page_lists_every_tree_and_every_image_to_set() {
             ));
         }
     }
-    assert!(missing.is_empty(), "{}", missing.join("\n"));
+    assert_none("docs/kubernetes.md's trees", &missing);
 }
 
 #[test]

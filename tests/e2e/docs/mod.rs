@@ -155,6 +155,24 @@ fn all_blocks(problems: &mut Vec<String>) -> Vec<Block> {
         .collect()
 }
 
+/// Every `.yaml` file under `dir`, sorted.
+fn yaml_files(dir: &Path) -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "yaml") {
+                out.push(path);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(dir, &mut files);
+    files.sort();
+    files
+}
+
 fn assert_none(what: &str, problems: &[String]) {
     assert!(
         problems.is_empty(),

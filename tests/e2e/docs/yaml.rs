@@ -3,13 +3,12 @@
 
 use std::collections::BTreeSet;
 use std::io::Write;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use serde_json::Value;
 
 use super::shell::parse_cli;
-use super::{all_blocks, assert_none, root};
+use super::{all_blocks, assert_none, root, yaml_files};
 
 /// Every document of a YAML block, as JSON, loaded by PyYAML.
 fn load_yaml(text: &str) -> Result<Value, String> {
@@ -140,20 +139,8 @@ fn secret_refs(value: &Value, out: &mut BTreeSet<String>) {
 /// One name for each Secret: the examples of the pages name only Secrets that `k8s/` uses.
 #[test]
 fn the_pages_name_the_secrets_k8s_uses() {
-    fn manifests(dir: &Path, out: &mut Vec<PathBuf>) {
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                manifests(&path, out);
-            } else if path.extension().is_some_and(|e| e == "yaml") {
-                out.push(path);
-            }
-        }
-    }
-    let mut files = Vec::new();
-    manifests(&root().join("k8s"), &mut files);
     let mut used = BTreeSet::new();
-    for file in files {
+    for file in yaml_files(&root().join("k8s")) {
         let documents = load_yaml(&std::fs::read_to_string(&file).unwrap())
             .unwrap_or_else(|why| panic!("{}: {why}", file.display()));
         secret_refs(&documents, &mut used);

@@ -42,18 +42,12 @@ impl Mounted {
     /// Mounts the objects of the snapshot file `snapshot` with `args`, the same way.
     pub fn start_snapshot(server: &Server, snapshot: &Path, args: &[&str]) -> Self {
         Self::spawn(args, |mountpoint, cache| {
-            let mut command = hydrator_command(&server.target);
-            command
-                .arg("mount")
-                .arg("--snapshot")
-                .arg(snapshot)
-                .arg(mountpoint)
-                .arg("--cache")
-                .arg(cache)
-                .args(["--endpoint-url", &server.target.endpoint])
-                .args(["--progress", "none"])
-                .stdout(Stdio::piped());
-            command
+            Self::mount_command(
+                server,
+                &["--snapshot".as_ref(), snapshot.as_os_str()],
+                mountpoint,
+                cache,
+            )
         })
     }
 
@@ -93,10 +87,21 @@ impl Mounted {
 
     /// `hydrator mount s3://BUCKET/PREFIX MOUNTPOINT --cache CACHE` against `server`.
     pub fn command(server: &Server, prefix: &str, mountpoint: &Path, cache: &Path) -> Command {
+        let source = format!("s3://{}/{prefix}", server.target.bucket);
+        Self::mount_command(server, &[source.as_ref()], mountpoint, cache)
+    }
+
+    /// `hydrator mount SOURCE... MOUNTPOINT --cache CACHE` against `server`.
+    fn mount_command(
+        server: &Server,
+        source: &[&std::ffi::OsStr],
+        mountpoint: &Path,
+        cache: &Path,
+    ) -> Command {
         let mut command = hydrator_command(&server.target);
         command
             .arg("mount")
-            .arg(format!("s3://{}/{prefix}", server.target.bucket))
+            .args(source)
             .arg(mountpoint)
             .arg("--cache")
             .arg(cache)
